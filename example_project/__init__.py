@@ -1,0 +1,1 @@
+"""The demo shop (grows with the sharding issue); ``python -m example_project`` runs it."""

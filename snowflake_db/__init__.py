@@ -1,0 +1,65 @@
+"""snowflake_db: 64-bit Snowflake IDs for database primary keys (not the Snowflake data warehouse).
+
+The core (this package's top level) imports only the standard library; integrations live in
+``snowflake_db.sqlalchemy``, ``snowflake_db.django``, ``snowflake_db.alembic``,
+``snowflake_db.sharding`` and ``snowflake_db.worker``.
+"""
+
+from .clock import MonotonicClock, wall_clock
+from .errors import (
+    AllocatorUnavailableError,
+    ClockError,
+    ClockMovedBackwardsError,
+    ClockStalledError,
+    ForkedWorkerIdError,
+    GeneratorClosedError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    InvalidIdError,
+    InvalidLayoutError,
+    LeaseExpiredError,
+    NotConfiguredError,
+    SnowflakeError,
+    TimeExhaustedError,
+    WorkerIdExhaustedError,
+    WorkerLeaseError,
+)
+from .generator import DEFAULT_ROLLBACK_TOLERANCE_MS, SnowflakeGenerator
+from .layout import DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Layout, SnowflakeId
+from .lease import WorkerAllocator, WorkerLease
+from .process import configure, get_generator, reset, snowflake_default
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_EPOCH_MS",
+    "DEFAULT_LAYOUT",
+    "DEFAULT_ROLLBACK_TOLERANCE_MS",
+    "AllocatorUnavailableError",
+    "ClockError",
+    "ClockMovedBackwardsError",
+    "ClockStalledError",
+    "ForkedWorkerIdError",
+    "GeneratorClosedError",
+    "InvalidArgumentError",
+    "InvalidArgumentTypeError",
+    "InvalidIdError",
+    "InvalidLayoutError",
+    "Layout",
+    "LeaseExpiredError",
+    "MonotonicClock",
+    "NotConfiguredError",
+    "SnowflakeError",
+    "SnowflakeGenerator",
+    "SnowflakeId",
+    "TimeExhaustedError",
+    "WorkerAllocator",
+    "WorkerIdExhaustedError",
+    "WorkerLease",
+    "WorkerLeaseError",
+    "configure",
+    "get_generator",
+    "reset",
+    "snowflake_default",
+    "wall_clock",
+]

@@ -1,0 +1,87 @@
+"""Every exception snowflake_db raises.
+
+All derive from :class:`SnowflakeError`; invalid arguments also derive from :class:`ValueError`
+so code that already catches ``ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class SnowflakeError(Exception):
+    """Base class of every snowflake_db error."""
+
+
+class InvalidArgumentError(SnowflakeError, ValueError):
+    """An argument is out of range or malformed; the message names the value and the limit."""
+
+
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument has the wrong type (for example a bool or float where an int is needed)."""
+
+
+class InvalidLayoutError(InvalidArgumentError):
+    """A :class:`~snowflake_db.Layout` whose fields do not fit together."""
+
+
+class InvalidIdError(InvalidArgumentError):
+    """A value that cannot be a Snowflake ID of the layout (negative, too large, wrong type)."""
+
+
+class ClockError(SnowflakeError):
+    """The clock cannot be trusted to give a time for a new ID."""
+
+
+class ClockMovedBackwardsError(ClockError):
+    """The clock went back further than the generator tolerates.
+
+    ``delta_ms`` is how far it went back behind the last issued tick, ``tolerance_ms`` the limit.
+    The generator is unchanged: calls succeed again once the clock is back within tolerance.
+    """
+
+    def __init__(self, delta_ms: int, tolerance_ms: int, detail: str = "") -> None:
+        self.delta_ms = delta_ms
+        self.tolerance_ms = tolerance_ms
+        message = (
+            f"clock moved backwards by {delta_ms} ms, more than the tolerated {tolerance_ms} ms; "
+            "no ID was issued"
+        )
+        super().__init__(f"{message} ({detail})" if detail else message)
+
+
+class ClockStalledError(ClockError):
+    """The clock did not reach the next tick within the bounded wait."""
+
+
+class TimeExhaustedError(SnowflakeError):
+    """The current time lies past the last time the layout's time bits can represent."""
+
+
+class NotConfiguredError(SnowflakeError):
+    """``snowflake_default()`` was called before the process-wide generator was configured."""
+
+
+class ForkedWorkerIdError(SnowflakeError):
+    """A generator with a static worker ID was used in a process forked from its creator.
+
+    Every forked child would share the worker ID and issue the parent's IDs again.
+    """
+
+
+class GeneratorClosedError(SnowflakeError):
+    """The generator was closed (its worker lease released) and issues no more IDs."""
+
+
+class WorkerIdExhaustedError(SnowflakeError):
+    """Every worker slot is held by a live lease; handing one out would duplicate IDs."""
+
+
+class WorkerLeaseError(SnowflakeError):
+    """The worker lease cannot be trusted, so no ID is issued (fencing)."""
+
+
+class LeaseExpiredError(WorkerLeaseError):
+    """The local lease deadline passed before the heartbeat could renew the lease."""
+
+
+class AllocatorUnavailableError(SnowflakeError):
+    """The worker-ID allocator's database could not be reached; there is no fallback worker ID."""

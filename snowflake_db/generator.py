@@ -1,0 +1,406 @@
+"""The Snowflake ID generator: strictly increasing IDs, whatever the clock, threads or forks do.
+
+How it stays fast and safe
+--------------------------
+Each tick gets a *window*: a ``range`` iterator over that tick's IDs plus the tick's bounds in the
+raw clock's units. ``next_id()`` reads the clock and, while it stays inside the window, takes the
+next value from the iterator. Taking from a ``range`` iterator is one C call, atomic under the GIL,
+so every ID comes out exactly once without a lock on the hot path. Everything else (a new tick, a
+drained tick, a clock behind the last tick, fork detection, lease checks) happens in the slow path
+under a lock, at most once per tick. On free-threaded builds with the GIL disabled the whole call
+takes the lock.
+
+A window is installed only after every check has passed, and an exception in the slow path leaves
+the generator exactly as it was: no ID is ever issued twice, even after a failed call.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from itertools import islice
+from operator import length_hint
+
+from ._validate import require_int
+from .clock import Clock, MonotonicClock, default_clock
+from .errors import (
+    ClockError,
+    ClockMovedBackwardsError,
+    ClockStalledError,
+    ForkedWorkerIdError,
+    GeneratorClosedError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    LeaseExpiredError,
+    TimeExhaustedError,
+    WorkerLeaseError,
+)
+from .layout import DEFAULT_LAYOUT, Layout
+from .lease import WorkerAllocator, WorkerLease
+
+#: How far behind its last tick the clock may fall before ``next_id`` raises: within it the
+#: generator keeps issuing from the last tick and waits only if that tick is used up.
+DEFAULT_ROLLBACK_TOLERANCE_MS = 2000
+
+#: Slack added to every bounded wait for scheduling delays, before a stalled clock is reported.
+DEFAULT_MAX_WAIT_MS = 1000
+
+_NS_PER_MS = 1_000_000
+_SPIN_BELOW_MS = 2
+
+_GIL_DISABLED = not getattr(sys, "_is_gil_enabled", lambda: True)()
+
+
+def _empty_iterator() -> Iterator[int]:
+    return iter(())
+
+
+class SnowflakeGenerator:
+    """Issues strictly increasing Snowflake IDs for one worker ID (static or leased).
+
+    ``SnowflakeGenerator(5)`` uses worker ID 5; ``SnowflakeGenerator(allocator=...)`` leases one
+    from an allocator such as :class:`snowflake_db.worker.TableWorkerAllocator` on first use and
+    again in every forked child. ``clock`` returns integer Unix milliseconds; by default a
+    monotonic clock anchored to wall time.
+    """
+
+    def __init__(
+        self,
+        worker_id: int | None = None,
+        *,
+        layout: Layout | None = None,
+        clock: Clock | None = None,
+        allocator: WorkerAllocator | None = None,
+        rollback_tolerance_ms: int = DEFAULT_ROLLBACK_TOLERANCE_MS,
+        randomize_sequence_start: bool = False,
+        max_wait_ms: int = DEFAULT_MAX_WAIT_MS,
+    ) -> None:
+        self.layout = layout if layout is not None else DEFAULT_LAYOUT
+        if not isinstance(self.layout, Layout):
+            raise InvalidArgumentTypeError(
+                f"layout must be a snowflake_db.Layout, got {type(layout).__name__}"
+            )
+        if (worker_id is None) == (allocator is None):
+            raise InvalidArgumentError(
+                "pass exactly one of worker_id (a static worker ID) or allocator "
+                f"(got worker_id={worker_id!r}, allocator={allocator!r})"
+            )
+        if worker_id is not None:
+            self.layout.check_worker_id(worker_id)
+        if allocator is not None and not callable(getattr(allocator, "acquire", None)):
+            raise InvalidArgumentTypeError(
+                f"allocator must have an acquire(layout=, clock=) method, got {allocator!r}"
+            )
+        if clock is not None and not callable(clock):
+            raise InvalidArgumentTypeError(f"clock must be a zero-argument callable, got {clock!r}")
+        self.rollback_tolerance_ms = require_int(
+            "rollback_tolerance_ms", rollback_tolerance_ms, minimum=0
+        )
+        self.max_wait_ms = require_int("max_wait_ms", max_wait_ms, minimum=0)
+        self.randomize_sequence_start = bool(randomize_sequence_start)
+
+        self.clock: Clock = clock if clock is not None else default_clock()
+        self._static_worker_id = worker_id
+        self._allocator = allocator
+        self._lease: WorkerLease | None = None
+        self._worker_id = worker_id
+        self._pid = os.getpid()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._last_tick = -1
+        self._setup_raw_clock()
+        self._retire_window()
+        # The instance attribute shadows the method: callers get the lock-free closure.
+        self.__dict__["next_id"] = self._build_next_id()
+        _live_generators.add(self)
+
+    # -- public API --------------------------------------------------------------------------
+
+    def next_id(self) -> int:
+        """Return the next ID: larger than every ID this generator returned before."""
+        return self._next_id_slow()
+
+    def next_ids(self, n: int) -> list[int]:
+        """Return ``n`` strictly increasing IDs, taking whole ticks at a time."""
+        count = require_int("n", n, minimum=0)
+        ids: list[int] = []
+        with self._lock:
+            while len(ids) < count:
+                iterator = self._usable_window()
+                ids.extend(islice(iterator, count - len(ids)))
+        return ids
+
+    def next_id_in_shard(self, shard: int) -> int:
+        """Return the next ID carrying ``shard`` in the layout's shard bits."""
+        if isinstance(shard, bool) or not isinstance(shard, int) or not (
+            0 <= shard <= self._max_shard
+        ):
+            self.layout.check_shard(shard)
+        return self.next_id() | shard
+
+    @property
+    def worker_id(self) -> int | None:
+        """The worker ID in use; ``None`` while a leased generator has no lease yet."""
+        return self._worker_id
+
+    @property
+    def lease(self) -> WorkerLease | None:
+        return self._lease
+
+    def ensure_worker(self) -> int:
+        """Acquire the lease now instead of on the first ID (to fail fast at start-up)."""
+        with self._lock:
+            self._check_usable()
+            assert self._worker_id is not None
+            return self._worker_id
+
+    def close(self) -> None:
+        """Stop issuing IDs and release the lease (if any) so the slot can be reused."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._retire_window()
+            lease, self._lease = self._lease, None
+            if lease is not None and self._pid == os.getpid():
+                lease.release()
+
+    def __enter__(self) -> SnowflakeGenerator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        source = "static" if self._allocator is None else "leased"
+        return f"<SnowflakeGenerator worker_id={self._worker_id} ({source}) layout={self.layout!r}>"
+
+    # -- clock and window arithmetic ------------------------------------------------------------
+
+    def _setup_raw_clock(self) -> None:
+        """Express ticks in the raw clock's units so the hot path compares plain ints."""
+        layout = self.layout
+        if isinstance(self.clock, MonotonicClock):
+            self._raw_clock: Callable[[], int] = time.monotonic_ns
+            self._raw_per_ms = _NS_PER_MS
+            self._raw_offset = self.clock.offset_ns
+        else:
+            self._raw_clock = self.clock
+            self._raw_per_ms = 1
+            self._raw_offset = 0
+        # unix_ms = (raw + raw_offset) // raw_per_ms ; tick = (raw - raw_epoch) // raw_tick
+        self._raw_epoch = layout.epoch_ms * self._raw_per_ms - self._raw_offset
+        self._raw_tick = layout.tick_ms * self._raw_per_ms
+        self._tick_ms = layout.tick_ms
+        self._max_tick = layout.max_tick
+        self._time_shift = layout.time_shift
+        self._worker_shift = layout.worker_shift
+        self._sequence_shift = layout.sequence_shift
+        self._max_sequence = layout.max_sequence
+        self._max_shard = layout.max_shard
+
+    def _read_raw(self) -> int:
+        raw = self._raw_clock()
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise InvalidArgumentTypeError(
+                f"the clock must return integer Unix milliseconds, got {type(raw).__name__} {raw!r}"
+            )
+        return raw
+
+    def _ms_of_raw(self, raw: int) -> int:
+        return (raw + self._raw_offset) // self._raw_per_ms
+
+    def _tick_of_raw(self, raw: int) -> int:
+        tick = (raw - self._raw_epoch) // self._raw_tick
+        if tick < 0:
+            raise ClockError(
+                f"the clock reads {self._ms_of_raw(raw)} ms (Unix), before the layout's epoch "
+                f"{self.layout.epoch_ms} ms ({self.layout.epoch.isoformat()})"
+            )
+        return tick
+
+    def _tick_of_ms(self, timestamp_ms: int) -> int:
+        return (timestamp_ms - self.layout.epoch_ms) // self._tick_ms
+
+    def _retire_window(self) -> None:
+        """Make the hot path fall through to the slow path (no current window)."""
+        iterator = _empty_iterator()
+        self._iter = iterator
+        self._window: tuple[int, int, Callable[[], int]] = (0, 0, iterator.__next__)
+
+    def _open_window(self, tick: int) -> Iterator[int]:
+        """Install the window of ``tick`` (which is above the last tick) and return its iterator."""
+        if tick > self._max_tick:
+            raise TimeExhaustedError(
+                f"tick {tick} exceeds the layout's {self.layout.time_bits} time bits "
+                f"(max tick {self._max_tick}); they ran out at "
+                f"{self.layout.exhausted_at.isoformat()}"
+            )
+        lease = self._lease
+        if lease is not None:
+            ceiling = self._tick_of_ms(lease.high_water_ms)
+            if tick > ceiling:
+                raise WorkerLeaseError(
+                    f"worker {self._worker_id}: the clock reached tick {tick}, past the reserved "
+                    f"high-water mark {lease.high_water_ms} ms (tick {ceiling}); no ID is issued "
+                    f"until the lease is renewed ({lease.describe_problem()})"
+                )
+        first_sequence = 0
+        if self.randomize_sequence_start and self._max_sequence > 0:
+            first_sequence = random.getrandbits(self.layout.sequence_bits - 1)
+        base = tick << self._time_shift | self._worker_id << self._worker_shift  # type: ignore[operator]
+        step = 1 << self._sequence_shift
+        end = base + (self._max_sequence + 1) * step
+        iterator = iter(range(base + first_sequence * step, end, step))
+        start = self._raw_epoch + tick * self._raw_tick
+        self._iter = iterator
+        self._last_tick = tick
+        self._window = (start, start + self._raw_tick, iterator.__next__)
+        return iterator
+
+    # -- hot path ------------------------------------------------------------------------------
+
+    def _build_next_id(self) -> Callable[[], int]:
+        if _GIL_DISABLED:
+            return self._next_id_slow
+        generator = self
+        raw_clock = self._raw_clock
+        slow = self._next_id_slow
+
+        def next_id() -> int:
+            start, end, take = generator._window
+            if start <= raw_clock() < end:
+                try:
+                    return take()
+                except StopIteration:
+                    pass
+            return slow()
+
+        next_id.__doc__ = SnowflakeGenerator.next_id.__doc__
+        return next_id
+
+    # -- slow path -----------------------------------------------------------------------------
+
+    def _next_id_slow(self) -> int:
+        with self._lock:
+            while True:
+                iterator = self._usable_window()
+                for snowflake_id in iterator:
+                    return snowflake_id
+                # A lock-free caller drained the window between our checks: look again.
+
+    def _usable_window(self) -> Iterator[int]:
+        """Under the lock: return a window iterator that may issue now, waiting if needed."""
+        while True:
+            self._check_usable()
+            raw = self._read_raw()
+            tick = self._tick_of_raw(raw)
+            last = self._last_tick
+            if tick > last:
+                return self._open_window(tick)
+            behind_ms = self.layout.tick_start_ms(last) - self._ms_of_raw(raw)
+            if behind_ms > self.rollback_tolerance_ms:
+                raise ClockMovedBackwardsError(behind_ms, self.rollback_tolerance_ms)
+            if length_hint(self._iter) > 0:
+                # Same tick, or the clock is behind within tolerance: keep issuing from that tick.
+                return self._iter
+            # The last tick is used up: wait for the next one, then check everything again
+            # (the wait may have outlived the lease).
+            self._wait_for_tick_after(last)
+
+    def _wait_for_tick_after(self, last: int) -> int:
+        """Wait (bounded) until the clock is past tick ``last``; raise if it goes back or stalls."""
+        next_start_ms = self.layout.tick_start_ms(last + 1)
+        started = time.monotonic()
+        expected_ms = max(0, next_start_ms - self._ms_of_raw(self._read_raw()))
+        give_up = started + (expected_ms + self.max_wait_ms) / 1000
+        while True:
+            raw = self._read_raw()
+            tick = self._tick_of_raw(raw)
+            if tick > last:
+                return tick
+            now_ms = self._ms_of_raw(raw)
+            behind_ms = self.layout.tick_start_ms(last) - now_ms
+            if behind_ms > self.rollback_tolerance_ms:
+                raise ClockMovedBackwardsError(
+                    behind_ms, self.rollback_tolerance_ms, "while waiting for the next tick"
+                )
+            if time.monotonic() > give_up:
+                raise ClockStalledError(
+                    f"the clock did not reach tick {last + 1} (Unix ms {next_start_ms}) within "
+                    f"{expected_ms + self.max_wait_ms} ms; it reads {now_ms} ms; no ID was issued"
+                )
+            remaining_ms = next_start_ms - now_ms
+            if remaining_ms >= _SPIN_BELOW_MS:
+                time.sleep(min(remaining_ms - 1, 50) / 1000)
+
+    def _check_usable(self) -> None:
+        """Closed, forked and lease checks; acquires a lease when one is needed."""
+        if self._closed:
+            raise GeneratorClosedError(f"{self!r} was closed and issues no more IDs")
+        if os.getpid() != self._pid:
+            self._adopt_after_fork()
+        if self._allocator is None:
+            return
+        lease = self._lease
+        if lease is not None and lease.lost:
+            self._drop_lease(release=False)
+            lease = None
+        if lease is None:
+            self._take_lease(self._allocator.acquire(layout=self.layout, clock=self.clock))
+            return
+        if time.monotonic() >= lease.valid_until:
+            raise LeaseExpiredError(
+                f"worker {self._worker_id}: the lease passed its local deadline without renewal, "
+                f"so no ID is issued until it is renewed or replaced ({lease.describe_problem()})"
+            )
+
+    def _adopt_after_fork(self) -> None:
+        if self._allocator is None:
+            raise ForkedWorkerIdError(
+                f"this process (pid {os.getpid()}) was forked from pid {self._pid}, which created "
+                f"the generator with static worker ID {self._static_worker_id}; every child would "
+                "issue the same IDs. Use configure(allocator=TableWorkerAllocator(...)) so each "
+                "process leases its own worker ID, or create the generator (or call configure) "
+                "in each child after the fork with a distinct worker ID."
+            )
+        self._drop_lease(release=False, abandon=True)
+        self._pid = os.getpid()
+
+    def _take_lease(self, lease: WorkerLease) -> None:
+        worker_id = self.layout.check_worker_id(lease.worker_id)
+        self._lease = lease
+        self._worker_id = worker_id
+        self._retire_window()
+        if lease.floor_ms is not None:
+            # IDs must come from ticks above the previous holder's high-water mark.
+            self._last_tick = max(self._last_tick, self._tick_of_ms(lease.floor_ms))
+
+    def _drop_lease(self, *, release: bool, abandon: bool = False) -> None:
+        lease, self._lease = self._lease, None
+        self._worker_id = None
+        self._retire_window()
+        if lease is None:
+            return
+        if abandon:
+            lease.abandon()
+        elif release:
+            lease.release()
+
+
+_live_generators: weakref.WeakSet[SnowflakeGenerator] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """Give every inherited generator a fresh lock and send its next call to the slow path."""
+    for generator in list(_live_generators):
+        generator._lock = threading.Lock()
+        generator._retire_window()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

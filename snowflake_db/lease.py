@@ -1,0 +1,60 @@
+"""The contract between a generator and a worker-ID allocator.
+
+The generator stays free of any database code: it asks an allocator for a :class:`WorkerLease`
+and, at every tick change (never per ID), checks that the lease still allows issuing.
+
+A lease promises three things, which together make reusing a masked worker slot safe:
+
+* ``worker_id`` is held by this process alone until ``valid_until`` (``time.monotonic()``
+  seconds; the allocator keeps a safety margin before the database-side expiry).
+* ``floor_ms`` is the previous holder's high-water mark: only timestamps *above* it may be issued.
+* ``high_water_ms`` is the largest timestamp this holder may issue; it is stored in the database
+  before it is returned, so the next holder of the slot starts above it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from .clock import Clock
+    from .layout import Layout
+
+
+@runtime_checkable
+class WorkerLease(Protocol):
+    @property
+    def worker_id(self) -> int: ...
+
+    @property
+    def floor_ms(self) -> int | None: ...
+
+    @property
+    def high_water_ms(self) -> int: ...
+
+    @property
+    def valid_until(self) -> float: ...
+
+    @property
+    def lost(self) -> bool:
+        """True once the allocator knows the slot is no longer this holder's."""
+        ...
+
+    def describe_problem(self) -> str:
+        """Why the lease cannot be trusted right now (for error messages)."""
+        ...
+
+    def release(self) -> None:
+        """Give the slot back (clean shutdown). Never called in a forked child."""
+        ...
+
+    def abandon(self) -> None:
+        """Forget the lease without touching the database: used in a forked child."""
+        ...
+
+
+@runtime_checkable
+class WorkerAllocator(Protocol):
+    def acquire(self, *, layout: Layout, clock: Clock) -> WorkerLease:
+        """Claim a worker slot for this process; raise rather than return a shared one."""
+        ...

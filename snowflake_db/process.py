@@ -1,0 +1,151 @@
+"""The process-wide generator behind ``snowflake_default()`` and its ``configure()``.
+
+``snowflake_default`` is what model columns use as their default, so it is a plain zero-argument
+function that SQLAlchemy and Django call once per row.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ._validate import require_int
+from .clock import Clock
+from .errors import ForkedWorkerIdError, InvalidArgumentError, NotConfiguredError
+from .generator import SnowflakeGenerator
+from .layout import Layout
+from .lease import WorkerAllocator
+
+#: Environment variable holding a static worker ID, read when nothing was configured.
+WORKER_ID_ENV = "SNOWFLAKE_WORKER_ID"
+#: Environment variable holding a database URL for a :class:`TableWorkerAllocator`.
+WORKER_URL_ENV = "SNOWFLAKE_WORKER_URL"
+
+_NOT_CONFIGURED_HELP = (
+    "snowflake_db is not configured: call snowflake_db.configure(worker_id=N) with a worker ID "
+    "unique to this process, or snowflake_db.configure(allocator="
+    "snowflake_db.worker.TableWorkerAllocator(url)) to lease one from a database table, or set "
+    f"the environment variable {WORKER_URL_ENV} (a database URL) or {WORKER_ID_ENV} (an integer)"
+)
+
+_lock = threading.Lock()
+_generator: SnowflakeGenerator | None = None
+_forked_from_pid: int | None = None
+
+
+def _unconfigured_next_id() -> int:
+    return get_generator().next_id()
+
+
+_next_id: Callable[[], int] = _unconfigured_next_id
+
+
+def snowflake_default() -> int:
+    """The next ID from the process-wide generator: use it as a column or field default."""
+    return _next_id()
+
+
+def configure(
+    *,
+    worker_id: int | None = None,
+    allocator: WorkerAllocator | None = None,
+    layout: Layout | None = None,
+    clock: Clock | None = None,
+    **generator_options: Any,
+) -> SnowflakeGenerator:
+    """Set up the process-wide generator and return it.
+
+    Give a static ``worker_id`` unique to this process, or an ``allocator`` that leases one from a
+    database table (each forked child leases its own). With neither, the environment is used:
+    ``SNOWFLAKE_WORKER_URL`` (a table allocator URL), then ``SNOWFLAKE_WORKER_ID``.
+    Extra keyword arguments go to :class:`SnowflakeGenerator`.
+    """
+    if worker_id is None and allocator is None:
+        return _configure_from_environment(layout=layout, clock=clock, **generator_options)
+    generator = SnowflakeGenerator(
+        worker_id, layout=layout, clock=clock, allocator=allocator, **generator_options
+    )
+    _install(generator)
+    return generator
+
+
+def get_generator() -> SnowflakeGenerator:
+    """The process-wide generator, configured from the environment if need be."""
+    with _lock:
+        if _generator is not None:
+            return _generator
+    return _configure_from_environment()
+
+
+def reset() -> None:
+    """Close and forget the process-wide generator (tests, shutdown)."""
+    global _generator, _next_id  # noqa: PLW0603
+    with _lock:
+        previous, _generator = _generator, None
+        _next_id = _unconfigured_next_id
+    if previous is not None:
+        previous.close()
+
+
+def _install(generator: SnowflakeGenerator) -> None:
+    global _generator, _next_id  # noqa: PLW0603
+    with _lock:
+        previous, _generator = _generator, generator
+        _next_id = generator.next_id
+    if previous is not None and previous is not generator:
+        _continue_after(previous, generator)
+        previous.close()
+
+
+def _continue_after(previous: SnowflakeGenerator, generator: SnowflakeGenerator) -> None:
+    """A replacement with the same static worker ID starts above the ticks already used."""
+    if (
+        previous.worker_id is not None
+        and previous.worker_id == generator.worker_id
+        and previous.layout == generator.layout
+    ):
+        with generator._lock:
+            generator._last_tick = max(generator._last_tick, previous._last_tick)
+
+
+def _configure_from_environment(
+    *, layout: Layout | None = None, clock: Clock | None = None, **generator_options: Any
+) -> SnowflakeGenerator:
+    url = os.environ.get(WORKER_URL_ENV, "").strip()
+    raw_worker_id = os.environ.get(WORKER_ID_ENV, "").strip()
+    if url:
+        from .worker import TableWorkerAllocator
+
+        return configure(
+            allocator=TableWorkerAllocator(url), layout=layout, clock=clock, **generator_options
+        )
+    if not raw_worker_id:
+        raise NotConfiguredError(_NOT_CONFIGURED_HELP)
+    if _forked_from_pid is not None:
+        raise ForkedWorkerIdError(
+            f"{WORKER_ID_ENV}={raw_worker_id} was inherited from pid {_forked_from_pid}, which "
+            "forked this process: every forked child (gunicorn, Celery prefork, multiprocessing) "
+            "would share it and issue the same IDs. Use a table allocator "
+            f"({WORKER_URL_ENV} or configure(allocator=...)), or call configure(worker_id=N) "
+            "with a distinct N in each child after the fork."
+        )
+    try:
+        worker_id = int(raw_worker_id)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"{WORKER_ID_ENV}={raw_worker_id!r} is not an integer worker ID"
+        ) from None
+    require_int(WORKER_ID_ENV, worker_id, minimum=0)
+    return configure(worker_id=worker_id, layout=layout, clock=clock, **generator_options)
+
+
+def _after_fork_in_child() -> None:
+    global _forked_from_pid  # noqa: PLW0603
+    global _lock  # noqa: PLW0603
+    _forked_from_pid = os.getppid()
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,157 @@
+"""Real database fixtures: each test gets its own freshly created, uniquely named database.
+
+Server URLs come from the environment (defaults match the local services):
+
+* ``SNOWFLAKE_TEST_POSTGRES_URL`` (``postgresql+psycopg://postgres@127.0.0.1:5432/test``)
+* ``SNOWFLAKE_TEST_MARIADB_URL`` (``mysql+pymysql://root@127.0.0.1:3306/test``)
+
+A server that cannot be reached skips its tests with the reason, except under ``CI=true``,
+where it fails them: CI must never pass by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import URL, make_url
+
+POSTGRES_URL_ENV = "SNOWFLAKE_TEST_POSTGRES_URL"
+MARIADB_URL_ENV = "SNOWFLAKE_TEST_MARIADB_URL"
+DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+DEFAULT_MARIADB_URL = "mysql+pymysql://root@127.0.0.1:3306/test"
+
+BACKENDS = ("postgresql", "mariadb", "sqlite")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def server_url(backend: str) -> URL:
+    if backend == "postgresql":
+        return make_url(os.environ.get(POSTGRES_URL_ENV, DEFAULT_POSTGRES_URL))
+    if backend == "mariadb":
+        return make_url(os.environ.get(MARIADB_URL_ENV, DEFAULT_MARIADB_URL))
+    raise ValueError(f"no server for backend {backend!r}")
+
+
+def _unavailable(reason: str) -> None:
+    if in_ci():
+        pytest.fail(f"{reason} (CI=true: a missing database server is a failure)", pytrace=False)
+    pytest.skip(reason)
+
+
+_reachable: dict[str, str | None] = {}
+
+
+def _check_server(backend: str) -> None:
+    """Connect once per session; remember the error so every test reports the same reason."""
+    if backend not in _reachable:
+        url = server_url(backend)
+        connect_args = {"connect_timeout": 3}
+        try:
+            engine = create_engine(url, connect_args=connect_args)
+            with engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+            engine.dispose()
+            _reachable[backend] = None
+        except Exception as error:
+            _reachable[backend] = f"{type(error).__name__}: {error}".splitlines()[0]
+    problem = _reachable[backend]
+    if problem is not None:
+        _unavailable(
+            f"{backend} server at {server_url(backend).render_as_string(hide_password=True)} "
+            f"is not reachable ({problem}); set "
+            f"{POSTGRES_URL_ENV if backend == 'postgresql' else MARIADB_URL_ENV}"
+        )
+
+
+@dataclass
+class ScratchDatabase:
+    backend: str
+    url: URL
+    name: str
+
+    @property
+    def url_string(self) -> str:
+        return self.url.render_as_string(hide_password=False)
+
+
+def create_database(backend: str, tmp_dir: Path) -> ScratchDatabase:
+    """Create a uniquely named empty database on ``backend`` and return its URL."""
+    name = f"sfdb_test_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+    if backend == "sqlite":
+        path = tmp_dir / f"{name}.sqlite3"
+        return ScratchDatabase(backend, make_url(f"sqlite:///{path}"), name)
+    _check_server(backend)
+    admin = create_engine(server_url(backend), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            if backend == "postgresql":
+                connection.execute(text(f'CREATE DATABASE "{name}"'))
+            else:
+                connection.execute(text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+    finally:
+        admin.dispose()
+    return ScratchDatabase(backend, server_url(backend).set(database=name), name)
+
+
+def drop_database(database: ScratchDatabase) -> None:
+    if database.backend == "sqlite":
+        path = Path(database.url.database or "")
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        return
+    admin = create_engine(server_url(database.backend), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            if database.backend == "postgresql":
+                connection.execute(text(f'DROP DATABASE IF EXISTS "{database.name}" WITH (FORCE)'))
+            else:
+                connection.execute(text(f"DROP DATABASE IF EXISTS `{database.name}`"))
+    finally:
+        admin.dispose()
+
+
+@pytest.fixture
+def database_factory(tmp_path: Path) -> Iterator[Callable[[str], ScratchDatabase]]:
+    """Create any number of fresh databases in a test; all are dropped afterwards."""
+    created: list[ScratchDatabase] = []
+
+    def factory(backend: str) -> ScratchDatabase:
+        database = create_database(backend, tmp_path)
+        created.append(database)
+        return database
+
+    yield factory
+    for database in reversed(created):
+        drop_database(database)
+
+
+@pytest.fixture
+def postgres_db(database_factory: Callable[[str], ScratchDatabase]) -> ScratchDatabase:
+    return database_factory("postgresql")
+
+
+@pytest.fixture
+def mariadb_db(database_factory: Callable[[str], ScratchDatabase]) -> ScratchDatabase:
+    return database_factory("mariadb")
+
+
+@pytest.fixture
+def sqlite_db(database_factory: Callable[[str], ScratchDatabase]) -> ScratchDatabase:
+    return database_factory("sqlite")
+
+
+@pytest.fixture(params=BACKENDS)
+def any_db(
+    request: pytest.FixtureRequest, database_factory: Callable[[str], ScratchDatabase]
+) -> ScratchDatabase:
+    """A fresh database on each backend in turn: PostgreSQL, MariaDB and a SQLite file."""
+    return database_factory(request.param)
