@@ -99,3 +99,15 @@ def test_bad_input_is_one_line_and_exit_status_2(args: list[str], expected: str)
 def test_main_returns_status_instead_of_exiting(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["parse", "--", "-1"]) == 2
     assert "below the minimum 0" in capsys.readouterr().err
+
+
+def test_bench_command_reports_both_methods_against_the_limit() -> None:
+    result = run("bench", "--seconds", "0.05", "--tick-ms", "10")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:2] == ["method", "IDs/s"]
+    assert [line.split()[0] for line in lines[1:3]] == ["next_id()", "next_ids(n)"]
+    for line in lines[1:3]:
+        assert int(line.split()[1].replace(",", "")) > 0
+        assert line.endswith("%")
+    assert lines[3] == "physical limit of the layout: 409,600 IDs/s per worker"

@@ -12,7 +12,7 @@ from typing import NoReturn
 from ..errors import SnowflakeError
 
 #: Modules that add sub-commands, in the order they appear in ``--help``.
-COMMAND_MODULES = ("snowflake_db.cli.ids", "snowflake_db.cli.workers")
+COMMAND_MODULES = ("snowflake_db.cli.ids", "snowflake_db.cli.workers", "snowflake_db.cli.bench")
 
 EXIT_USAGE = 2
 
