@@ -1,0 +1,41 @@
+"""SQLAlchemy integration: Snowflake ``BIGINT`` primary keys issued in the application.
+
+``Column(BigInteger, primary_key=True, default=snowflake_default, autoincrement=False)`` is all
+it takes; the helpers here spell that out, add foreign-key columns of the right width, per-table
+and per-engine generators, and an optional ID-at-construction hook.
+"""
+
+from ..process import snowflake_default
+from .columns import (
+    SNOWFLAKE_INFO_KEY,
+    is_snowflake_column,
+    snowflake_column,
+    snowflake_fk_column,
+    snowflake_fk_mapped_column,
+    snowflake_mapped_column,
+)
+from .events import assign_ids_on_init, stop_assigning_ids_on_init
+from .generators import (
+    SnowflakeDefault,
+    bind_generator,
+    generator_for,
+    snowflake_id_default,
+    unbind_generator,
+)
+
+__all__ = [
+    "SNOWFLAKE_INFO_KEY",
+    "SnowflakeDefault",
+    "assign_ids_on_init",
+    "bind_generator",
+    "generator_for",
+    "is_snowflake_column",
+    "snowflake_column",
+    "snowflake_default",
+    "snowflake_fk_column",
+    "snowflake_fk_mapped_column",
+    "snowflake_id_default",
+    "snowflake_mapped_column",
+    "stop_assigning_ids_on_init",
+    "unbind_generator",
+]
