@@ -1,0 +1,388 @@
+"""Routing Snowflake IDs and shard keys to logical shards, and logical shards to targets.
+
+Standard library and snowflake_db core only; the SQLAlchemy and Django modules build on this.
+
+Two routing modes, chosen by the layout:
+
+* **Embedded shard bits** (``Layout(shard_bits=b)``, ``b > 0``): there are ``2**b`` logical
+  shards and an ID carries its logical shard in its lowest ``b`` bits: ``shard = id & (2**b - 1)``.
+  A new order takes the shard of its shard key (``shard_for_key(customer_id)``), so a customer's
+  orders share a shard and each order is found from its ID alone.
+* **Mixing** (``shard_bits == 0``): ``shard = splitmix64(id) % logical_shards``. ``id % N`` is
+  skewed at low traffic (the sequence restarts at 0 every tick, so low bits are mostly 0); a
+  64-bit finalizer spreads every input bit over the output. No co-location in this mode.
+
+The fixed, documented hashes (never Python's ``hash()``, which is salted per process):
+
+* ``splitmix64(x)`` -- one step of Vigna's SplitMix64 with state ``x``:
+  ``z = (x + 0x9E3779B97F4A7C15) mod 2**64``;
+  ``z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 mod 2**64``;
+  ``z = (z ^ (z >> 27)) * 0x94D049BB133111EB mod 2**64``; result ``z ^ (z >> 31)``.
+  ``splitmix64(0) == 0xE220A8397B1DCDAF``, the reference generator's first output for seed 0.
+* ``key_hash(key)``: an ``int`` in ``[-2**63, 2**64)`` hashes as ``splitmix64(key mod 2**64)``;
+  ``str`` (UTF-8), ``bytes`` and ``uuid.UUID`` (its 16 bytes) as BLAKE2b with an 8-byte digest,
+  read big-endian (``hashlib.blake2b(data, digest_size=8)``). ``5`` and ``"5"`` differ: keep
+  one type per shard key.
+* ``shard_for_key(key) = key_hash(key) % logical_shards``.
+
+Logical shards map to physical targets (database aliases, engine names, table names) through a
+mapping that can change: moving a logical shard to another target rewrites no ID.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+
+from ..errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    InvalidIdError,
+    SnowflakeError,
+)
+from ..generator import SnowflakeGenerator
+from ..layout import DEFAULT_LAYOUT, Layout
+from ..process import get_generator
+
+_MASK64 = (1 << 64) - 1
+_GAMMA = 0x9E3779B97F4A7C15
+_MUL1 = 0xBF58476D1CE4E5B9
+_MUL2 = 0x94D049BB133111EB
+
+#: How far in the future an ID's time may lie before ``check_id`` calls it foreign.
+DEFAULT_FUTURE_SLACK_MS = 60_000
+
+ShardKey = int | str | bytes | uuid.UUID
+
+
+class ShardingError(SnowflakeError):
+    """A sharding configuration or routing request that cannot be honoured."""
+
+
+class UnknownShardError(ShardingError, InvalidArgumentError):
+    """A logical shard or target the router does not know."""
+
+
+class ForeignIdError(InvalidIdError):
+    """An ID that cannot come from this router's layout (for example another epoch)."""
+
+
+def splitmix64(value: int) -> int:
+    """SplitMix64 output for state ``value`` (taken mod 2**64): a fixed 64-bit mixer."""
+    z = (value + _GAMMA) & _MASK64
+    z = ((z ^ (z >> 30)) * _MUL1) & _MASK64
+    z = ((z ^ (z >> 27)) * _MUL2) & _MASK64
+    return z ^ (z >> 31)
+
+
+def blake2b64(data: bytes) -> int:
+    """BLAKE2b with an 8-byte digest, read as a big-endian unsigned integer."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def key_hash(key: ShardKey) -> int:
+    """The fixed 64-bit hash of a shard key; identical in every process and Python version."""
+    if isinstance(key, bool):
+        raise InvalidArgumentTypeError(f"a shard key must not be a bool, got {key!r}")
+    if isinstance(key, int):
+        if not -(1 << 63) <= key <= _MASK64:
+            raise InvalidArgumentError(
+                f"shard key {key} is outside the 64-bit range [-2**63, 2**64 - 1]"
+            )
+        return splitmix64(key & _MASK64)
+    if isinstance(key, str):
+        return blake2b64(key.encode("utf-8"))
+    if isinstance(key, bytes | bytearray | memoryview):
+        return blake2b64(bytes(key))
+    if isinstance(key, uuid.UUID):
+        return blake2b64(key.bytes)
+    raise InvalidArgumentTypeError(
+        f"a shard key must be an int, str, bytes or uuid.UUID, got {type(key).__name__} {key!r}"
+    )
+
+
+def id_range_for_time(
+    layout: Layout, start: datetime | int, end: datetime | int
+) -> tuple[int, int]:
+    """Inclusive ``(low, high)`` IDs of every tick from ``start`` to ``end`` (aware or Unix ms).
+
+    ``WHERE id BETWEEN low AND high`` is a primary-key range scan on every shard; shard bits
+    are the lowest bits, so the range holds every shard's IDs.
+    """
+    low = layout.min_id_for_time(start)
+    high = layout.max_id_for_time(end)
+    if high < low:
+        raise InvalidArgumentError(f"the time window ends ({end!r}) before it starts ({start!r})")
+    return low, high
+
+
+class ShardRouter:
+    """Logical shards of a layout and the physical target each one lives on.
+
+    ``targets`` is a sequence of target names (logical shard ``s`` goes to
+    ``targets[s % len(targets)]``) or an explicit mapping ``{logical_shard: target}`` covering
+    every logical shard. With shard bits the layout fixes ``logical_shards = 2**shard_bits``;
+    without, pass ``logical_shards`` (choose more than you have servers, e.g. 64: the count is
+    permanent because it decides where every existing ID lives, the mapping is not).
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[str] | Mapping[int, str],
+        *,
+        layout: Layout | None = None,
+        logical_shards: int | None = None,
+    ) -> None:
+        self.layout = layout if layout is not None else DEFAULT_LAYOUT
+        if not isinstance(self.layout, Layout):
+            raise InvalidArgumentTypeError(
+                f"layout must be a snowflake_db.Layout, got {type(layout).__name__}"
+            )
+        if isinstance(targets, str):
+            raise InvalidArgumentTypeError(
+                f"targets must be a sequence or mapping of target names, got the string {targets!r}"
+            )
+        count = self._logical_count(targets, logical_shards)
+        if isinstance(targets, Mapping):
+            mapping = {int(shard): target for shard, target in targets.items()}
+            missing = [shard for shard in range(count) if shard not in mapping]
+            extra = sorted(shard for shard in mapping if not 0 <= shard < count)
+            if missing or extra:
+                raise InvalidArgumentError(
+                    f"the mapping must give a target to each logical shard 0..{count - 1}; "
+                    f"missing {missing[:10]}, unknown {extra[:10]}"
+                )
+        else:
+            names = list(targets)
+            if not names:
+                raise InvalidArgumentError("a ShardRouter needs at least one target")
+            mapping = {shard: names[shard % len(names)] for shard in range(count)}
+        for target in mapping.values():
+            if not isinstance(target, str) or not target:
+                raise InvalidArgumentTypeError(
+                    f"targets must be non-empty strings, got {target!r}"
+                )
+        self.logical_shards = count
+        self._mapping = mapping
+        self._embedded = self.layout.shard_bits > 0
+        self._max_shard = self.layout.max_shard
+        # Targets in the order given (a sequence) or in logical-shard order (a mapping).
+        names_in_order = targets if not isinstance(targets, Mapping) else mapping.values()
+        self.targets: tuple[str, ...] = tuple(dict.fromkeys(names_in_order))
+
+    def _logical_count(
+        self, targets: Sequence[str] | Mapping[int, str], logical_shards: int | None
+    ) -> int:
+        if self.layout.shard_bits > 0:
+            count = 1 << self.layout.shard_bits
+            if logical_shards is not None and logical_shards != count:
+                raise InvalidArgumentError(
+                    f"logical_shards={logical_shards} disagrees with the layout's "
+                    f"{self.layout.shard_bits} shard bits ({count} logical shards)"
+                )
+            return count
+        if logical_shards is None:
+            logical_shards = len(targets)
+        if isinstance(logical_shards, bool) or not isinstance(logical_shards, int):
+            raise InvalidArgumentTypeError(
+                f"logical_shards must be an int, got {type(logical_shards).__name__}"
+            )
+        if logical_shards < 1:
+            raise InvalidArgumentError(f"logical_shards={logical_shards} is below the minimum 1")
+        return logical_shards
+
+    # -- mapping ---------------------------------------------------------------------------
+
+    @property
+    def embedded(self) -> bool:
+        """True when IDs carry their logical shard in the layout's shard bits."""
+        return self._embedded
+
+    @property
+    def mapping(self) -> dict[int, str]:
+        """A copy of ``{logical_shard: target}``."""
+        return dict(self._mapping)
+
+    def moved(self, shard: int, target: str) -> ShardRouter:
+        """A new router with logical ``shard`` on ``target``; every ID keeps its shard."""
+        self._check_shard(shard)
+        mapping = dict(self._mapping)
+        mapping[shard] = target
+        return ShardRouter(mapping, layout=self.layout, logical_shards=self.logical_shards)
+
+    def shards_on(self, target: str) -> list[int]:
+        """The logical shards living on ``target``."""
+        if target not in self.targets:
+            raise UnknownShardError(
+                f"unknown shard target {target!r}; known targets: {', '.join(self.targets)}"
+            )
+        return [shard for shard, name in self._mapping.items() if name == target]
+
+    def target_of_shard(self, shard: int) -> str:
+        """The target holding logical ``shard``."""
+        self._check_shard(shard)
+        return self._mapping[shard]
+
+    def _check_shard(self, shard: object) -> int:
+        if isinstance(shard, bool) or not isinstance(shard, int):
+            raise InvalidArgumentTypeError(
+                f"a logical shard must be an int, got {type(shard).__name__} {shard!r}"
+            )
+        if not 0 <= shard < self.logical_shards:
+            raise UnknownShardError(
+                f"unknown logical shard {shard}; this router has shards "
+                f"0..{self.logical_shards - 1}"
+            )
+        return shard
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def shard_for_key(self, key: ShardKey) -> int:
+        """The logical shard of a shard key: ``key_hash(key) % logical_shards``."""
+        return key_hash(key) % self.logical_shards
+
+    def shard_of_id(self, snowflake_id: int) -> int:
+        """The logical shard of an ID: its shard bits, or ``splitmix64(id) % logical_shards``."""
+        value = self.layout.check_id(snowflake_id)
+        if self._embedded:
+            return value & self._max_shard
+        return splitmix64(value) % self.logical_shards
+
+    def target_for_key(self, key: ShardKey) -> str:
+        return self._mapping[self.shard_for_key(key)]
+
+    def target_for_id(self, snowflake_id: int) -> str:
+        return self._mapping[self.shard_of_id(snowflake_id)]
+
+    def targets_for_ids(self, snowflake_ids: Iterable[int]) -> dict[str, list[int]]:
+        """Group IDs by target (for ``WHERE id IN (...)`` per shard)."""
+        groups: dict[str, list[int]] = {}
+        for snowflake_id in snowflake_ids:
+            groups.setdefault(self.target_for_id(snowflake_id), []).append(snowflake_id)
+        return groups
+
+    def check_id(
+        self,
+        snowflake_id: object,
+        *,
+        now_ms: int | None = None,
+        future_slack_ms: int = DEFAULT_FUTURE_SLACK_MS,
+    ) -> int:
+        """Return the ID if this layout could have issued it by now, else raise.
+
+        An ID of another layout (other epoch or bit split) usually decodes to a time in the
+        future, or past the layout's 63 bits: both are reported as :class:`ForeignIdError`.
+        """
+        try:
+            value = self.layout.check_id(snowflake_id)
+        except InvalidIdError as error:
+            raise ForeignIdError(f"{error}; is it an ID of another layout?") from None
+        now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        issued_ms = self.layout.decode(value).timestamp_ms
+        if issued_ms > now + future_slack_ms:
+            raise ForeignIdError(
+                f"ID {value} decodes to Unix ms {issued_ms}, {issued_ms - now} ms in the future "
+                f"for this layout (epoch {self.layout.epoch.isoformat()}, shard_bits "
+                f"{self.layout.shard_bits}); it comes from another layout"
+            )
+        return value
+
+    # -- new IDs ---------------------------------------------------------------------------
+
+    def _generator(self, generator: SnowflakeGenerator | None) -> SnowflakeGenerator:
+        chosen = generator if generator is not None else get_generator()
+        if chosen.layout != self.layout:
+            raise ShardingError(
+                f"the generator's layout {chosen.layout!r} differs from the router's "
+                f"{self.layout!r}: IDs would be routed with the wrong bits"
+            )
+        return chosen
+
+    def new_id(
+        self,
+        *,
+        key: ShardKey | None = None,
+        shard: int | None = None,
+        generator: SnowflakeGenerator | None = None,
+    ) -> int:
+        """A new ID placed on the shard of ``key`` (or on ``shard``); needs shard bits.
+
+        Without either, the ID is placed by its own mix: with shard bits the shard is
+        ``splitmix64(id_without_shard) & max_shard``, so new keyless IDs spread evenly.
+        ``generator`` defaults to the process-wide one (``snowflake_db.configure``).
+        """
+        source = self._generator(generator)
+        if key is not None and shard is not None:
+            raise InvalidArgumentError("pass key or shard, not both")
+        if key is None and shard is None:
+            base = source.next_id()
+            if self._embedded:
+                return base | (splitmix64(base) & self._max_shard)
+            return base
+        if not self._embedded:
+            raise ShardingError(
+                "placing an ID on a chosen shard needs a layout with shard_bits > 0; without "
+                "shard bits an ID's shard is a mix of the whole ID, so it cannot be chosen"
+            )
+        chosen = self.shard_for_key(key) if key is not None else self._check_shard(shard)
+        return source.next_id_in_shard(chosen)
+
+    def new_ids(
+        self,
+        n: int,
+        *,
+        key: ShardKey | None = None,
+        shard: int | None = None,
+        generator: SnowflakeGenerator | None = None,
+    ) -> list[int]:
+        """``n`` new IDs on the shard of ``key`` (or ``shard``), from one ``next_ids`` call."""
+        source = self._generator(generator)
+        if key is None and shard is None:
+            if self._embedded:
+                return [i | (splitmix64(i) & self._max_shard) for i in source.next_ids(n)]
+            return source.next_ids(n)
+        if key is not None and shard is not None:
+            raise InvalidArgumentError("pass key or shard, not both")
+        if not self._embedded:
+            raise ShardingError("placing IDs on a chosen shard needs a layout with shard_bits > 0")
+        chosen = self.shard_for_key(key) if key is not None else self._check_shard(shard)
+        return [i | chosen for i in source.next_ids(n)]
+
+    # -- time ------------------------------------------------------------------------------
+
+    def id_range(self, start: datetime | int, end: datetime | int) -> tuple[int, int]:
+        """Inclusive ID bounds of the window ``start``..``end`` (see :func:`id_range_for_time`)."""
+        return id_range_for_time(self.layout, start, end)
+
+    def time_of_id(self, snowflake_id: int) -> datetime:
+        return self.layout.decode(snowflake_id).datetime
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "mode": "embedded shard bits" if self._embedded else "splitmix64 mixing",
+            "logical_shards": self.logical_shards,
+            "targets": {target: self.shards_on(target) for target in self.targets},
+        }
+
+    def __repr__(self) -> str:
+        mode = f"shard_bits={self.layout.shard_bits}" if self._embedded else "mixing"
+        return (
+            f"<ShardRouter {mode} logical_shards={self.logical_shards} "
+            f"targets={list(self.targets)}>"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ShardRouter):
+            return NotImplemented
+        return (self.layout, self.logical_shards, self._mapping) == (
+            other.layout,
+            other.logical_shards,
+            other._mapping,
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
