@@ -552,11 +552,12 @@ class FakeLease:
 
 @dataclass
 class FakeAllocator:
-    """Hands out ``worker_ids`` in turn, each with the configured floor and high-water mark."""
+    """Hands out ``worker_ids`` in turn, each with the configured floor and high-water mark
+    (by default an hour past the clock's reading at acquisition)."""
 
     worker_ids: list[int]
     floor_ms: int | None = None
-    high_water_ms: int = T0 + 3_600_000
+    high_water_ms: int | None = None
     valid_for_s: float = 3600.0
     leases: list[FakeLease] = field(default_factory=list)
 
@@ -566,7 +567,9 @@ class FakeAllocator:
         lease = FakeLease(
             worker_id=self.worker_ids[len(self.leases)],
             floor_ms=self.floor_ms,
-            high_water_ms=self.high_water_ms,
+            high_water_ms=(
+                self.high_water_ms if self.high_water_ms is not None else clock() + 3_600_000
+            ),
             valid_until=time.monotonic() + self.valid_for_s,
         )
         self.leases.append(lease)
