@@ -1,4 +1,6 @@
-"""Worker IDs leased from a database table (needs SQLAlchemy: ``pip install 'snowflake-db[sqlalchemy]'``).
+"""Worker IDs leased from a database table.
+
+Needs SQLAlchemy: ``pip install 'snowflake-db[sqlalchemy]'``.
 
 ``TableWorkerAllocator(url_or_engine)`` gives each process its own worker ID from a table in a
 shared control database, with leases, fencing, a per-slot high-water mark and fork handling.
@@ -17,16 +19,24 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
         name=error.name,
     ) from error
 
+from .allocator import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_FLOOR_WAIT_MS, TableWorkerAllocator
+from .lease import TableLease
 from .schema import (
     DEFAULT_REGISTRATIONS_TABLE,
     DEFAULT_SLOTS_TABLE,
     WorkerTables,
     worker_tables,
 )
+from .store import SlotRow
 
 __all__ = [
+    "DEFAULT_LEASE_SECONDS",
+    "DEFAULT_MAX_FLOOR_WAIT_MS",
     "DEFAULT_REGISTRATIONS_TABLE",
     "DEFAULT_SLOTS_TABLE",
+    "SlotRow",
+    "TableLease",
+    "TableWorkerAllocator",
     "WorkerTables",
     "worker_tables",
 ]

@@ -1,0 +1,117 @@
+"""Engines the allocator owns: never the application's pool, never its transactions.
+
+Each allocator opens two small engines on the control database's URL: one for acquiring and
+releasing, one for the heartbeat, so a caller's transaction (or rollback) can never include a
+lease statement and a busy application pool can never starve a renewal. Driver timeouts keep a
+hung network from blocking a renewal forever (the generator fences meanwhile anyway).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.pool import ConnectionPoolEntry
+
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+
+#: ``application_name`` of the heartbeat's PostgreSQL connections (see pg_stat_activity).
+HEARTBEAT_APPLICATION_NAME = "snowflake_db heartbeat"
+#: ``application_name`` of the connections that acquire and release leases.
+ALLOCATOR_APPLICATION_NAME = "snowflake_db allocator"
+
+
+def to_url(url_or_engine: str | URL | Engine) -> URL:
+    """The URL of a string, URL or Engine (an Engine is used for its URL only)."""
+    if isinstance(url_or_engine, Engine):
+        return url_or_engine.url
+    if isinstance(url_or_engine, URL):
+        return url_or_engine
+    if isinstance(url_or_engine, str):
+        if not url_or_engine.strip():
+            raise InvalidArgumentError("the worker database URL is empty")
+        try:
+            return make_url(url_or_engine)
+        except Exception as error:
+            raise InvalidArgumentError(
+                f"cannot parse the worker database URL {safe_url_text(url_or_engine)!r}: {error}"
+            ) from None
+    raise InvalidArgumentTypeError(
+        "TableWorkerAllocator needs a database URL (str or sqlalchemy URL) or an Engine, "
+        f"got {type(url_or_engine).__name__}"
+    )
+
+
+def safe_url_text(url: str | URL) -> str:
+    """The URL for messages, password hidden."""
+    if isinstance(url, URL):
+        return url.render_as_string(hide_password=True)
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparsable URL>"
+
+
+def check_supported(url: URL) -> None:
+    """Reject SQLite in-memory databases: each connection would see its own private tables."""
+    if url.get_backend_name() == "sqlite":
+        database = url.database or ""
+        if database in ("", ":memory:") or "mode=memory" in str(url.query):
+            raise InvalidArgumentError(
+                f"{safe_url_text(url)} is an in-memory SQLite database, private to one "
+                "connection: leases there protect nothing. Use a file (sqlite:///path/workers.db)"
+            )
+
+
+def make_engine(url: URL, *, timeout_seconds: float, application_name: str) -> Engine:
+    """A small private engine with driver timeouts, pre-ping and SQLite locking set up."""
+    backend = url.get_backend_name()
+    driver = url.get_driver_name()
+    query = url.query
+    timeout = max(1, round(timeout_seconds))
+    connect_args: dict[str, Any] = {}
+    options: dict[str, Any] = {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 2}
+    if backend == "postgresql":
+        if "connect_timeout" not in query:
+            connect_args["connect_timeout"] = timeout
+        if "application_name" not in query and driver in ("psycopg", "psycopg2"):
+            connect_args["application_name"] = application_name
+    elif backend in ("mysql", "mariadb"):
+        if driver == "pymysql":
+            for name in ("connect_timeout", "read_timeout", "write_timeout"):
+                if name not in query:
+                    connect_args[name] = timeout
+    elif backend == "sqlite" and "timeout" not in query:
+        # sqlite3's busy timeout: how long a statement waits for another process's lock.
+        connect_args["timeout"] = max(30.0, timeout_seconds)
+    engine = create_engine(url, connect_args=connect_args, **options)
+    if backend == "sqlite":
+        _serialise_sqlite_writes(engine)
+    return engine
+
+
+def _serialise_sqlite_writes(engine: Engine) -> None:
+    """Every transaction starts with ``BEGIN IMMEDIATE`` (the write lock up front), in WAL mode.
+
+    A deferred transaction that reads and then writes can fail with SQLITE_BUSY without waiting
+    when another connection writes first; taking the write lock at BEGIN makes concurrent claims
+    simply queue behind the busy timeout. WAL lets readers (and an application's open read
+    transaction) coexist with a writer. Recipe from
+    https://docs.sqlalchemy.org/en/20/dialects/sqlite.html#serializable-isolation-savepoints-transactional-ddl
+    and https://www.sqlite.org/lang_transaction.html
+    """
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: DBAPIConnection, record: ConnectionPoolEntry) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")

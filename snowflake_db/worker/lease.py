@@ -1,0 +1,212 @@
+"""A held worker slot (:class:`TableLease`) and the heartbeat thread that renews it.
+
+State a generator reads (``valid_until``, ``high_water_ms``, ``lost``) is plain attributes,
+written only by the heartbeat after the database has accepted the new values: a generator can
+never see a high-water mark that is not already stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..clock import Clock
+    from ..layout import Layout
+
+logger = logging.getLogger("snowflake_db.worker")
+
+HELD = "held"
+LOST = "lost"
+RELEASED = "released"
+ABANDONED = "abandoned"
+
+
+class TableLease:
+    """A worker ID held by this process until ``valid_until`` (monotonic seconds).
+
+    Implements :class:`snowflake_db.WorkerLease`. ``floor_ms`` is the previous holder's
+    high-water mark, ``high_water_ms`` the largest timestamp this holder may issue.
+    """
+
+    def __init__(
+        self,
+        *,
+        worker_id: int,
+        token: str,
+        registration_id: int,
+        floor_ms: int | None,
+        high_water_ms: int,
+        valid_until: float,
+        next_renewal_at: float,
+        layout: Layout,
+        clock: Clock,
+        where: str,
+        release: Callable[[TableLease], None],
+        abandon: Callable[[TableLease], None],
+    ) -> None:
+        self._worker_id = worker_id
+        self.token = token
+        self.registration_id = registration_id
+        self._floor_ms = floor_ms
+        self._high_water_ms = high_water_ms
+        self._valid_until = valid_until
+        self.next_renewal_at = next_renewal_at
+        self.layout = layout
+        self.clock = clock
+        self.pid = os.getpid()
+        self.state = HELD
+        self.lock = threading.Lock()
+        self.last_error: str | None = None
+        self.failures = 0
+        self.renewed_at = time.monotonic()
+        self._where = where
+        self._problem = ""
+        self._release = release
+        self._abandon = abandon
+
+    # -- the WorkerLease protocol ----------------------------------------------------------
+
+    @property
+    def worker_id(self) -> int:
+        return self._worker_id
+
+    @property
+    def floor_ms(self) -> int | None:
+        return self._floor_ms
+
+    @property
+    def high_water_ms(self) -> int:
+        return self._high_water_ms
+
+    @property
+    def valid_until(self) -> float:
+        return self._valid_until
+
+    @property
+    def lost(self) -> bool:
+        return self.state != HELD
+
+    def describe_problem(self) -> str:
+        where = f"worker {self._worker_id} in {self._where}"
+        if self.state != HELD:
+            return f"{where}: {self._problem or self.state}"
+        age = time.monotonic() - self.renewed_at
+        detail = f"{where}: last renewed {age:.1f} s ago"
+        if self.last_error:
+            detail += f"; {self.failures} renewal(s) failed, last: {self.last_error}"
+        return detail
+
+    def release(self) -> None:
+        """Give the slot back (a no-op in a forked child or after it was lost)."""
+        self._release(self)
+
+    def abandon(self) -> None:
+        """Forget the lease without touching the database (forked child)."""
+        self._abandon(self)
+
+    # -- used by the allocator -------------------------------------------------------------
+
+    def renewed(self, *, started: float, valid_for: float, high_water_ms: int) -> None:
+        """Record a renewal the database accepted (called with ``lock`` held)."""
+        self._high_water_ms = max(self._high_water_ms, high_water_ms)
+        self._valid_until = started + valid_for
+        self.renewed_at = started
+        self.last_error = None
+        self.failures = 0
+
+    def end(self, state: str, problem: str, *, high_water_ms: int | None = None) -> None:
+        """Stop the generator from using the lease (with ``lock`` held, or in a fork child)."""
+        if high_water_ms is not None:
+            self._high_water_ms = min(self._high_water_ms, high_water_ms)
+        self._valid_until = -math.inf
+        self.state = state
+        self._problem = problem
+
+    def forget_after_fork(self, parent_pid: int) -> None:
+        """In a forked child: the lease is the parent's; never renew, release or use it."""
+        self.lock = threading.Lock()  # the parent's heartbeat may have held it at the fork
+        self.end(ABANDONED, f"inherited from pid {parent_pid} across a fork")
+
+    def __repr__(self) -> str:
+        return (
+            f"<TableLease worker_id={self._worker_id} state={self.state} "
+            f"high_water_ms={self._high_water_ms} floor_ms={self._floor_ms}>"
+        )
+
+
+class Heartbeat:
+    """One daemon thread per allocator renewing its leases when they fall due."""
+
+    def __init__(self, renew: Callable[[TableLease], None], *, name: str) -> None:
+        self._renew = renew
+        self._name = name
+        self._condition = threading.Condition()
+        self._leases: list[TableLease] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    @property
+    def leases(self) -> list[TableLease]:
+        with self._condition:
+            return list(self._leases)
+
+    def add(self, lease: TableLease) -> None:
+        with self._condition:
+            self._leases.append(lease)
+            if self._thread is None or not self._thread.is_alive():
+                self._stopping = False
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._condition.notify_all()
+
+    def discard(self, lease: TableLease) -> None:
+        with self._condition:
+            if lease in self._leases:
+                self._leases.remove(lease)
+            self._condition.notify_all()
+
+    def reschedule(self) -> None:
+        with self._condition:
+            self._condition.notify_all()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._condition:
+            self._stopping = True
+            thread = self._thread
+            self._condition.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def inherited_leases(self) -> list[TableLease]:
+        """The leases, read without the lock (only in a forked child, where it may be held)."""
+        return list(self._leases)
+
+    def _due(self) -> list[TableLease] | None:
+        """Wait until some lease is due; ``None`` when stopping."""
+        with self._condition:
+            while not self._stopping:
+                now = time.monotonic()
+                due = [lease for lease in self._leases if lease.next_renewal_at <= now]
+                if due:
+                    return due
+                wake = min((lease.next_renewal_at for lease in self._leases), default=None)
+                self._condition.wait(None if wake is None else max(0.0, wake - now))
+            return None
+
+    def _run(self) -> None:
+        while True:
+            due = self._due()
+            if due is None:
+                return
+            for lease in due:
+                try:
+                    self._renew(lease)
+                except Exception:  # the heartbeat must outlive any surprise
+                    logger.exception("snowflake_db: renewing %r failed unexpectedly", lease)
+                    lease.next_renewal_at = time.monotonic() + 1.0
