@@ -166,7 +166,9 @@ class TableWorkerAllocator:
         except SnowflakeError:
             raise
         except SQLAlchemyError as error:
-            raise self._unavailable("cannot lease a worker ID", error) from error
+            raise self._unavailable(
+                "cannot lease a worker ID (there is no fallback worker ID)", error
+            ) from error
 
     # -- administration ----------------------------------------------------------------------
 
@@ -623,8 +625,7 @@ class TableWorkerAllocator:
 
     def _unavailable(self, action: str, error: BaseException) -> AllocatorUnavailableError:
         return AllocatorUnavailableError(
-            f"{action} from {safe_url_text(self.url)} (no fallback worker ID is used): "
-            f"{_describe(error)}"
+            f"{action}: the worker database {safe_url_text(self.url)} failed: {_describe(error)}"
         )
 
 

@@ -1,0 +1,144 @@
+"""``snowflake-db workers list|reap``: inspect and tidy the worker-ID lease table.
+
+SQLAlchemy is imported only when a command runs, so ``snowflake-db --help`` works without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from ..process import WORKER_URL_ENV
+from . import CommandError
+
+if TYPE_CHECKING:
+    from ..worker import SlotRow, TableWorkerAllocator
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    workers = subparsers.add_parser(
+        "workers", help="list or reap worker-ID leases in the database table"
+    )
+    actions = workers.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser(
+        "list", help="every worker slot: holder, host, pid, lease expiry, high-water mark, state"
+    )
+    _add_table_options(listing)
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    listing.set_defaults(handler=_list)
+    reap = actions.add_parser(
+        "reap", help="clear leases the database clock says have expired (never live ones)"
+    )
+    _add_table_options(reap)
+    reap.add_argument("--json", action="store_true", help="print JSON instead of text")
+    reap.set_defaults(handler=_reap)
+
+
+def _add_table_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url",
+        default=os.environ.get(WORKER_URL_ENV),
+        help=f"SQLAlchemy URL of the control database (default: ${WORKER_URL_ENV})",
+    )
+    parser.add_argument("--slots-table", default=None, metavar="NAME")
+    parser.add_argument("--registrations-table", default=None, metavar="NAME")
+    parser.add_argument("--schema", default=None, metavar="NAME")
+
+
+def _allocator(args: argparse.Namespace) -> TableWorkerAllocator:
+    if not args.url:
+        raise CommandError(f"give --url URL (or set {WORKER_URL_ENV})")
+    try:
+        from ..worker import DEFAULT_REGISTRATIONS_TABLE, DEFAULT_SLOTS_TABLE, TableWorkerAllocator
+    except ImportError as error:
+        raise CommandError(str(error)) from None
+    try:
+        return TableWorkerAllocator(
+            args.url,
+            slots_table=args.slots_table or DEFAULT_SLOTS_TABLE,
+            registrations_table=args.registrations_table or DEFAULT_REGISTRATIONS_TABLE,
+            schema=args.schema,
+            create_tables=False,
+        )
+    except ModuleNotFoundError as error:
+        raise CommandError(str(error)) from None
+
+
+def _iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+def _as_dict(row: SlotRow) -> dict[str, Any]:
+    expires_in = None
+    if row.expires_at_ms is not None and row.lease_token is not None:
+        expires_in = round((row.expires_at_ms - row.db_now_ms) / 1000, 3)
+    return {
+        "worker_id": row.worker_id,
+        "state": row.state,
+        "registration_id": row.registration_id,
+        "hostname": row.hostname,
+        "pid": row.pid,
+        "label": row.label,
+        "acquired_at": _iso(row.acquired_at_ms),
+        "renewed_at": _iso(row.renewed_at_ms),
+        "expires_at": _iso(row.expires_at_ms),
+        "expires_in_seconds": expires_in,
+        "high_water_ms": row.high_water_ms,
+        "high_water": _iso(row.high_water_ms) if row.high_water_ms > 0 else None,
+    }
+
+
+def _list(args: argparse.Namespace) -> int:
+    allocator = _allocator(args)
+    try:
+        rows = allocator.workers()
+    finally:
+        allocator.close()
+    records = [_as_dict(row) for row in rows]
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return 0
+    if not records:
+        print("no worker slots in use")
+        return 0
+    headers = ("worker", "state", "holder", "host", "pid", "expires", "in s", "high-water mark")
+    table = [
+        (
+            str(record["worker_id"]),
+            record["state"],
+            "-" if record["state"] == "free" else record["label"] or str(record["registration_id"]),
+            record["hostname"] or "-",
+            str(record["pid"] or "-"),
+            record["expires_at"] or ("never" if record["state"] == "reserved" else "-"),
+            "-" if record["expires_in_seconds"] is None else f"{record['expires_in_seconds']:.1f}",
+            record["high_water"] or "-",
+        )
+        for record in records
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    live = sum(1 for r in records if r["state"] in ("live", "reserved"))
+    print(f"{len(records)} slot(s), {live} live or reserved")
+    return 0
+
+
+def _reap(args: argparse.Namespace) -> int:
+    allocator = _allocator(args)
+    try:
+        reaped = allocator.reap()
+    finally:
+        allocator.close()
+    if args.json:
+        print(json.dumps({"reaped": reaped}))
+    elif reaped:
+        print(f"reaped {len(reaped)} expired lease(s): worker IDs {', '.join(map(str, reaped))}")
+    else:
+        print("no expired leases")
+    return 0
