@@ -1,0 +1,351 @@
+"""The process-wide generator: ``configure()``, ``snowflake_default()``, the environment, forks.
+
+``snowflake_default`` is what model columns hold as their default, so it is captured at import
+time, long before anything is configured; every test here goes through it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+from collections.abc import Callable, Iterator
+from itertools import pairwise
+from typing import Any
+
+import pytest
+
+import snowflake_db
+from snowflake_db import (
+    DEFAULT_LAYOUT,
+    ClockStalledError,
+    ForkedWorkerIdError,
+    GeneratorClosedError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    Layout,
+    NotConfiguredError,
+    SnowflakeGenerator,
+    snowflake_default,
+)
+from snowflake_db.testing import DEFAULT_FAKE_START_MS, FakeClock
+
+T0 = DEFAULT_FAKE_START_MS
+decode = DEFAULT_LAYOUT.decode
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts unconfigured, with no worker ID in the environment, and leaks nothing."""
+    monkeypatch.delenv("SNOWFLAKE_WORKER_ID", raising=False)
+    monkeypatch.delenv("SNOWFLAKE_WORKER_URL", raising=False)
+    snowflake_db.reset()
+    yield
+    snowflake_db.reset()
+
+
+def run_in_fork(child: Callable[[], Any]) -> dict[str, Any]:
+    """Run ``child`` in an ``os.fork()`` child; return ``{"result": ...}`` or its error."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child, which never returns to pytest
+        exit_code = 1
+        try:
+            os.close(read_fd)
+            try:
+                report: dict[str, Any] = {"result": child()}
+            except BaseException as error:
+                report = {"error": type(error).__name__, "message": str(error)}
+            with os.fdopen(write_fd, "wb") as pipe:
+                pipe.write(pickle.dumps(report))
+            exit_code = 0
+        finally:
+            os._exit(exit_code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        payload = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the forked child crashed"
+    return pickle.loads(payload)
+
+
+# -- not configured ----------------------------------------------------------------------------
+
+
+def test_unconfigured_use_says_how_to_configure() -> None:
+    with pytest.raises(NotConfiguredError) as caught:
+        snowflake_default()
+    message = str(caught.value)
+    assert "configure(worker_id=" in message
+    assert "TableWorkerAllocator" in message
+    assert "SNOWFLAKE_WORKER_ID" in message
+    with pytest.raises(NotConfiguredError):
+        snowflake_db.get_generator()
+    with pytest.raises(NotConfiguredError):  # still nothing: no silent worker 0 after a failure
+        snowflake_default()
+
+
+def test_configure_without_arguments_and_without_environment() -> None:
+    with pytest.raises(NotConfiguredError):
+        snowflake_db.configure()
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_empty_environment_variable_counts_as_unset(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("SNOWFLAKE_WORKER_ID", value)
+    with pytest.raises(NotConfiguredError):
+        snowflake_default()
+
+
+# -- static worker ID --------------------------------------------------------------------------
+
+
+def test_configure_static_worker_id() -> None:
+    generator = snowflake_db.configure(worker_id=7)
+    assert isinstance(generator, SnowflakeGenerator)
+    assert snowflake_db.get_generator() is generator
+    ids = [snowflake_default() for _ in range(1000)]
+    assert all(earlier < later for earlier, later in pairwise(ids))
+    assert {decode(i).worker_id for i in ids} == {7}
+
+
+def test_default_captured_before_configure_follows_the_configuration() -> None:
+    """Model columns hold the function itself, captured at import time."""
+    default = snowflake_db.snowflake_default
+    snowflake_db.configure(worker_id=3)
+    assert decode(default()).worker_id == 3
+    snowflake_db.configure(worker_id=4)
+    assert decode(default()).worker_id == 4
+
+
+def test_configure_passes_layout_clock_and_generator_options() -> None:
+    layout = Layout(time_bits=40, worker_bits=11, sequence_bits=12)
+    clock = FakeClock(T0)
+    generator = snowflake_db.configure(
+        worker_id=2000, layout=layout, clock=clock, rollback_tolerance_ms=5
+    )
+    assert generator.layout is layout
+    assert generator.clock is clock
+    assert generator.rollback_tolerance_ms == 5
+    decoded = layout.decode(snowflake_default())
+    assert (decoded.worker_id, decoded.timestamp_ms) == (2000, T0)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        ({"worker_id": 1024}, InvalidArgumentError),
+        ({"worker_id": -1}, InvalidArgumentError),
+        ({"worker_id": True}, InvalidArgumentTypeError),
+        ({"worker_id": "5"}, InvalidArgumentTypeError),
+        ({"worker_id": 1, "layout": "default"}, InvalidArgumentTypeError),
+        ({"worker_id": 1, "no_such_option": 1}, TypeError),
+    ],
+)
+def test_failed_configure_keeps_the_previous_generator(
+    arguments: dict[str, Any], error: type[Exception]
+) -> None:
+    previous = snowflake_db.configure(worker_id=9)
+    before = snowflake_default()
+    with pytest.raises(error):
+        snowflake_db.configure(**arguments)
+    assert snowflake_db.get_generator() is previous
+    after = snowflake_default()
+    assert after > before and decode(after).worker_id == 9
+
+
+def test_replaced_generator_is_closed() -> None:
+    first = snowflake_db.configure(worker_id=1)
+    snowflake_default()
+    snowflake_db.configure(worker_id=2)
+    with pytest.raises(GeneratorClosedError):
+        first.next_id()
+
+
+def test_reset_closes_and_forgets() -> None:
+    generator = snowflake_db.configure(worker_id=1)
+    snowflake_default()
+    snowflake_db.reset()
+    with pytest.raises(GeneratorClosedError):
+        generator.next_id()
+    with pytest.raises(NotConfiguredError):
+        snowflake_default()
+    snowflake_db.reset()  # resetting twice is harmless
+
+
+def test_reconfiguring_the_same_worker_id_never_reissues_ids() -> None:
+    ids: list[int] = []
+    for _ in range(200):  # the real clock: most replacements land in a tick already used
+        snowflake_db.configure(worker_id=5)
+        ids += [snowflake_default() for _ in range(50)]
+    assert len(set(ids)) == len(ids)
+    assert all(earlier < later for earlier, later in pairwise(ids))
+
+
+def test_reconfiguring_on_a_frozen_clock_waits_instead_of_repeating() -> None:
+    clock = FakeClock(T0)
+    snowflake_db.configure(worker_id=5, clock=clock, max_wait_ms=10)
+    issued = [snowflake_default() for _ in range(100)]
+    snowflake_db.configure(worker_id=5, clock=clock, max_wait_ms=10)
+    with pytest.raises(ClockStalledError):  # tick T0 belongs to the previous generator
+        snowflake_default()
+    clock.advance(1)
+    following = snowflake_default()
+    assert following > max(issued)
+    assert decode(following).timestamp_ms == T0 + 1
+
+
+def test_switching_worker_ids_back_and_forth_never_reissues_ids() -> None:
+    """configure(5), configure(6), configure(5): the third generator must not repeat the first."""
+    clock = FakeClock(T0)
+    snowflake_db.configure(worker_id=5, clock=clock, max_wait_ms=10)
+    issued = [snowflake_default() for _ in range(100)]
+    snowflake_db.configure(worker_id=6, clock=clock, max_wait_ms=10)
+    issued.append(snowflake_default())
+    snowflake_db.configure(worker_id=5, clock=clock, max_wait_ms=10)
+    try:
+        following = snowflake_default()
+    except ClockStalledError:
+        clock.advance(1)
+        following = snowflake_default()
+    assert following not in issued
+    assert following > max(i for i in issued if decode(i).worker_id == 5)
+
+
+def test_snowflake_default_from_many_threads() -> None:
+    snowflake_db.configure(worker_id=8)
+    results: list[list[int]] = [[] for _ in range(8)]
+    barrier = threading.Barrier(8)
+
+    def work(index: int) -> None:
+        barrier.wait()
+        results[index] = [snowflake_default() for _ in range(20_000)]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    every = [i for ids in results for i in ids]
+    assert len(every) == 160_000
+    assert len(set(every)) == len(every)
+
+
+# -- environment variable ----------------------------------------------------------------------
+
+
+def test_environment_worker_id_is_read_on_first_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SNOWFLAKE_WORKER_ID", " 9 ")  # set after import: read lazily
+    first = snowflake_default()
+    assert decode(first).worker_id == 9
+    generator = snowflake_db.get_generator()
+    assert generator.worker_id == 9
+    monkeypatch.setenv("SNOWFLAKE_WORKER_ID", "10")
+    assert decode(snowflake_default()).worker_id == 9  # configured once, then kept
+    assert snowflake_db.get_generator() is generator
+
+
+def test_configure_without_arguments_uses_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SNOWFLAKE_WORKER_ID", "11")
+    layout = Layout(time_bits=40, worker_bits=11, sequence_bits=12)
+    generator = snowflake_db.configure(layout=layout)
+    assert generator.worker_id == 11
+    assert generator.layout is layout
+
+
+def test_explicit_worker_id_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SNOWFLAKE_WORKER_ID", "9")
+    snowflake_db.configure(worker_id=7)
+    assert decode(snowflake_default()).worker_id == 7
+
+
+@pytest.mark.parametrize(
+    ("value", "fragments"),
+    [
+        ("abc", ["SNOWFLAKE_WORKER_ID", "'abc'"]),
+        ("5.0", ["SNOWFLAKE_WORKER_ID", "'5.0'"]),
+        ("0x10", ["SNOWFLAKE_WORKER_ID", "'0x10'"]),
+        ("-1", ["SNOWFLAKE_WORKER_ID=-1", "0"]),
+        ("1024", ["1024", "1023"]),
+    ],
+)
+def test_invalid_environment_worker_id(
+    monkeypatch: pytest.MonkeyPatch, value: str, fragments: list[str]
+) -> None:
+    monkeypatch.setenv("SNOWFLAKE_WORKER_ID", value)
+    for _ in range(2):  # a failure leaves nothing half-configured
+        with pytest.raises(InvalidArgumentError) as caught:
+            snowflake_default()
+        for fragment in fragments:
+            assert fragment in str(caught.value)
+
+
+# -- fork rules --------------------------------------------------------------------------------
+
+
+def test_forked_child_may_not_use_an_inherited_environment_worker_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The parent imported snowflake_db but never configured it; gunicorn then forked."""
+    monkeypatch.setenv("SNOWFLAKE_WORKER_ID", "9")
+
+    def child() -> dict[str, Any]:
+        try:
+            snowflake_default()
+        except ForkedWorkerIdError as error:
+            refused = str(error)
+        else:
+            refused = ""
+        snowflake_db.configure(worker_id=10)  # the documented way out
+        return {"refused": refused, "worker_id": decode(snowflake_default()).worker_id}
+
+    outcome = run_in_fork(child)
+    assert "result" in outcome, outcome
+    message = outcome["result"]["refused"]
+    assert "SNOWFLAKE_WORKER_ID=9" in message
+    assert "forked" in message and "configure(worker_id=N)" in message
+    assert outcome["result"]["worker_id"] == 10
+    # The parent itself was not forked: it may use the variable.
+    assert decode(snowflake_default()).worker_id == 9
+
+
+def test_forked_child_of_an_env_configured_parent_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SNOWFLAKE_WORKER_ID", "9")
+    parent_id = snowflake_default()
+    outcome = run_in_fork(snowflake_default)
+    assert outcome.get("error") == "ForkedWorkerIdError", outcome
+    assert snowflake_default() > parent_id
+
+
+def test_forked_child_without_configuration_is_still_not_configured() -> None:
+    outcome = run_in_fork(snowflake_default)
+    assert outcome.get("error") == "NotConfiguredError", outcome
+
+
+def test_forked_child_of_a_configured_parent_is_refused() -> None:
+    snowflake_db.configure(worker_id=12)
+    parent_ids = [snowflake_default() for _ in range(10)]
+
+    def child() -> dict[str, Any]:
+        try:
+            snowflake_default()
+        except ForkedWorkerIdError:
+            refused = True
+        else:
+            refused = False
+        snowflake_db.configure(worker_id=13)
+        return {"refused": refused, "ids": [snowflake_default() for _ in range(1000)]}
+
+    outcome = run_in_fork(child)
+    assert "result" in outcome, outcome
+    assert outcome["result"]["refused"] is True
+    child_ids = outcome["result"]["ids"]
+    assert {decode(i).worker_id for i in child_ids} == {13}
+    parent_ids += [snowflake_default() for _ in range(1000)]
+    assert not set(child_ids) & set(parent_ids)
