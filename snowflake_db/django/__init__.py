@@ -1,0 +1,21 @@
+"""Django integration: Snowflake primary keys with one settings line.
+
+``INSTALLED_APPS += ["snowflake_db.django"]`` and
+``DEFAULT_AUTO_FIELD = "snowflake_db.django.fields.SnowflakeAutoField"``. One module per Django
+extension point: ``fields``, ``apps``, ``models`` (worker tables) and ``migrations``, ``routers``,
+``conf`` (the ``SNOWFLAKE_DB`` setting), ``checks``, ``management`` (``manage.py snowflake``),
+``rest_framework``, ``json`` and ``admin``.
+"""
+
+from __future__ import annotations
+
+from .fields import SnowflakeAutoField, SnowflakeField, is_snowflake_field
+
+__all__ = ["SnowflakeAutoField", "SnowflakeField", "decode", "is_snowflake_field"]
+
+
+def decode(snowflake_id: int):  # type: ignore[no-untyped-def]
+    """Decode an ID with the layout of ``SNOWFLAKE_DB``."""
+    from .conf import get_layout
+
+    return get_layout().decode(snowflake_id)

@@ -1,0 +1,30 @@
+"""The Django app: ``INSTALLED_APPS = [..., "snowflake_db.django"]``."""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class SnowflakeDbConfig(AppConfig):
+    """Registers the system checks and sets up ``snowflake_default()`` from ``SNOWFLAKE_DB``.
+
+    ``ready()`` runs no query (Django warns against it:
+    https://docs.djangoproject.com/en/stable/ref/applications/#django.apps.AppConfig.ready);
+    a table lease is taken with the first ID.
+    """
+
+    name = "snowflake_db.django"
+    label = "snowflake_db"
+    verbose_name = "Snowflake IDs"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401 - registers the checks
+        from .conf import get_settings
+        from .worker import configure_from_settings
+
+        try:
+            conf = get_settings()
+        except Exception:
+            return
+        configure_from_settings(conf)

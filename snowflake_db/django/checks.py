@@ -1,0 +1,309 @@
+"""System checks: misconfiguration surfaces at start-up (``manage.py check``, ``runserver``,
+``migrate``), not with the first duplicate key.
+
+============================  =================================================================
+``snowflake_db.E001``         ``SNOWFLAKE_DB`` is invalid
+``snowflake_db.E002``         ``CONTROL_DATABASE`` is not in ``DATABASES`` or is in-memory SQLite
+``snowflake_db.E003``         the table allocator's extras (SQLAlchemy, a driver) are missing
+``snowflake_db.W001``         a static worker ID where a prefork server or Celery is in use
+``snowflake_db.W002``         the worker tables would also be migrated on other aliases
+``snowflake_db.W003``         ``WORKER_SOURCE = "env"`` but neither variable is set
+``snowflake_db.E010``         a Snowflake column (or a foreign key to one) is not 64-bit in the DB
+``snowflake_db.E011``         existing IDs decode to the future: epoch or layout changed
+============================  =================================================================
+
+E010 and E011 query the database, so they run only where Django runs database checks
+(``migrate``, ``check --database ALIAS``):
+https://docs.djangoproject.com/en/stable/topics/checks/#builtin-tags
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.apps import apps
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections, router
+
+from ..process import WORKER_ID_ENV, WORKER_URL_ENV
+from .conf import SnowflakeSettings, get_settings
+from .fields import is_snowflake_field
+
+APP_LABEL = "snowflake_db"
+
+#: The ``db_type`` values (lower case, first word) that hold 64 bits, per vendor.
+_BIGINT_TYPES = {
+    "postgresql": {"bigint", "int8", "bigserial", "serial8"},
+    "mysql": {"bigint"},
+    # Every SQLite integer is 64-bit (https://www.sqlite.org/datatype3.html).
+    "sqlite": {"integer", "bigint", "int", "int8"},
+}
+
+#: Allow this much clock skew before calling a stored ID "from the future".
+FUTURE_TOLERANCE_MS = 5 * 60 * 1000
+
+
+def _settings() -> tuple[SnowflakeSettings | None, list[CheckMessage]]:
+    try:
+        return get_settings(), []
+    except ImproperlyConfigured as error:
+        return None, [
+            Error(str(error), hint="See the SNOWFLAKE_DB section of the README.",
+                  id="snowflake_db.E001")
+        ]
+
+
+def prefork_hints() -> list[str]:
+    """What suggests this project runs in forked worker processes (may be empty)."""
+    hints: list[str] = []
+    if any(name.startswith("CELERY") for name in dir(settings)):
+        hints.append("CELERY_* settings (Celery's prefork pool forks workers)")
+    if os.environ.get("GUNICORN_CMD_ARGS") is not None or "gunicorn" in os.path.basename(
+        sys.argv[0] if sys.argv else ""
+    ):
+        hints.append("gunicorn (its workers are forked from the master)")
+    if os.environ.get("SERVER_SOFTWARE", "").startswith("gunicorn"):
+        hints.append("SERVER_SOFTWARE=gunicorn")
+    if "uwsgi" in sys.modules:
+        hints.append("uWSGI (its workers are forked from the master)")
+    if "celery" in sys.modules:
+        hints.append("the celery package is imported")
+    return hints
+
+
+@register()
+def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """Settings-only checks: no query is made."""
+    conf, errors = _settings()
+    if conf is None:
+        return errors
+    if conf.worker_source == "static":
+        hints = prefork_hints()
+        if hints:
+            errors.append(
+                Warning(
+                    f"SNOWFLAKE_DB uses a static WORKER_ID={conf.worker_id}, but this project "
+                    f"looks prefork-served ({'; '.join(hints)}): every forked child would share "
+                    "the worker ID, so snowflake_db refuses to issue IDs in them.",
+                    hint="Use WORKER_SOURCE='table' so each process leases its own worker ID.",
+                    id="snowflake_db.W001",
+                )
+            )
+    if conf.worker_source == "env" and not (
+        os.environ.get(WORKER_URL_ENV, "").strip() or os.environ.get(WORKER_ID_ENV, "").strip()
+    ):
+        errors.append(
+            Warning(
+                f"SNOWFLAKE_DB uses WORKER_SOURCE='env' but neither {WORKER_URL_ENV} nor "
+                f"{WORKER_ID_ENV} is set: the first Snowflake ID will raise NotConfiguredError.",
+                hint="Set one of them, or WORKER_SOURCE='table' (or 'static' with WORKER_ID).",
+                id="snowflake_db.W003",
+            )
+        )
+    if conf.worker_source == "table":
+        errors.extend(_check_table_source(conf))
+    return errors
+
+
+def _check_table_source(conf: SnowflakeSettings) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    alias = conf.control_database
+    if alias not in settings.DATABASES:
+        return [
+            Error(
+                f"SNOWFLAKE_DB['CONTROL_DATABASE']={alias!r} is not an alias in DATABASES "
+                f"({', '.join(settings.DATABASES)})",
+                id="snowflake_db.E002",
+            )
+        ]
+    vendor = connections[alias].vendor
+    if vendor == "sqlite" and conf.engine_url is None:
+        name = str(connections[alias].settings_dict.get("NAME", ""))
+        if name in ("", ":memory:") or "mode=memory" in name:
+            errors.append(
+                Error(
+                    f"the control database {alias!r} is an in-memory SQLite database: worker "
+                    "leases must be visible to every process",
+                    hint="Use a file or a server database as CONTROL_DATABASE.",
+                    id="snowflake_db.E002",
+                )
+            )
+    missing = [
+        module
+        for module in ("sqlalchemy", *_driver_modules(vendor))
+        if importlib.util.find_spec(module) is None
+    ]
+    if missing and conf.engine_url is None:
+        extra = {"postgresql": "postgres", "mysql": "mysql"}.get(vendor, "sqlalchemy")
+        errors.append(
+            Error(
+                f"WORKER_SOURCE='table' needs {', '.join(missing)}, which is not installed",
+                hint=f"pip install 'snowflake-db[django,{extra}]'",
+                id="snowflake_db.E003",
+            )
+        )
+    others = [
+        other
+        for other in settings.DATABASES
+        if other != alias and router.allow_migrate(other, APP_LABEL, model_name="workerslot")
+    ]
+    if others:
+        errors.append(
+            Warning(
+                f"the worker tables would also be migrated on {', '.join(others)}, not only on "
+                f"the control database {alias!r}",
+                hint="Add 'snowflake_db.django.routers.ControlDatabaseRouter' to the start of "
+                "DATABASE_ROUTERS, or make your router's allow_migrate() return False for the "
+                "app label 'snowflake_db' on other aliases.",
+                id="snowflake_db.W002",
+            )
+        )
+    return errors
+
+
+def _driver_modules(vendor: str) -> tuple[str, ...]:
+    if vendor == "postgresql":
+        return () if importlib.util.find_spec("psycopg2") else ("psycopg",)
+    if vendor == "mysql":
+        return () if importlib.util.find_spec("MySQLdb") else ("pymysql",)
+    return ()
+
+
+def _snowflake_columns(model: Any) -> Iterable[tuple[str, str]]:
+    """(column, what) pairs of a model that must be 64-bit: Snowflake fields and FKs to them."""
+    for field in model._meta.local_fields:
+        if is_snowflake_field(field):
+            yield field.column, f"{model._meta.label}.{field.name}"
+        elif field.is_relation and (field.many_to_one or field.one_to_one):
+            target = getattr(field, "target_field", None)
+            if target is not None and is_snowflake_field(target):
+                label = f"{model._meta.label}.{field.name} (-> {target.model._meta.label})"
+                yield field.column, label
+
+
+@register(Tags.database)
+def check_database(
+    app_configs: Sequence[Any] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    """Introspect the tables of models using Snowflake IDs on the given databases."""
+    if not databases:
+        return []
+    conf, errors = _settings()
+    if conf is None:
+        return errors
+    models = [
+        model
+        for model in apps.get_models()
+        if model._meta.managed and not model._meta.proxy and any(_snowflake_columns(model))
+    ]
+    for alias in databases:
+        connection = connections[alias]
+        with connection.cursor() as cursor:
+            tables = set(connection.introspection.table_names(cursor))
+            for model in models:
+                table = model._meta.db_table
+                if table not in tables or not router.allow_migrate_model(alias, model):
+                    continue
+                errors.extend(_check_column_types(connection, cursor, model))
+                errors.extend(_check_epoch(connection, cursor, model, conf))
+    return errors
+
+
+def _column_types(connection: Any, cursor: Any, table: str) -> dict[str, str]:
+    if connection.vendor == "postgresql":
+        cursor.execute(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = %s",
+            [table],
+        )
+    elif connection.vendor == "mysql":
+        cursor.execute(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_schema = DATABASE() AND table_name = %s",
+            [table],
+        )
+    elif connection.vendor == "sqlite":
+        cursor.execute(f"PRAGMA table_info({connection.ops.quote_name(table)})")
+        return {row[1]: str(row[2]) for row in cursor.fetchall()}
+    else:
+        return {}
+    return {str(name): str(kind) for name, kind in cursor.fetchall()}
+
+
+def _check_column_types(connection: Any, cursor: Any, model: Any) -> list[CheckMessage]:
+    allowed = _BIGINT_TYPES.get(connection.vendor)
+    if allowed is None:
+        return []
+    types = _column_types(connection, cursor, model._meta.db_table)
+    errors: list[CheckMessage] = []
+    for column, what in _snowflake_columns(model):
+        kind = types.get(column)
+        if kind is None:
+            continue
+        first = kind.lower().split("(")[0].split()[0] if kind.strip() else ""
+        if first not in allowed:
+            errors.append(
+                Error(
+                    f"{what}: column {model._meta.db_table}.{column} on database "
+                    f"{connection.alias!r} is {kind}, which cannot hold a 64-bit Snowflake ID",
+                    hint="Apply (or create with makemigrations) the migration that makes it "
+                    "BIGINT.",
+                    obj=model,
+                    id="snowflake_db.E010",
+                )
+            )
+    return errors
+
+
+def _check_epoch(
+    connection: Any, cursor: Any, model: Any, conf: SnowflakeSettings
+) -> list[CheckMessage]:
+    pk = model._meta.pk
+    if not is_snowflake_field(pk):
+        return []
+    quote = connection.ops.quote_name
+    try:
+        # MAX of the primary key is one index lookup.
+        cursor.execute(f"SELECT MAX({quote(pk.column)}) FROM {quote(model._meta.db_table)}")
+        row = cursor.fetchone()
+    except Exception:
+        return []
+    newest = row[0] if row else None
+    if newest is None:
+        return []
+    layout = conf.layout
+    now_ms = time.time_ns() // 1_000_000
+    try:
+        decoded = layout.decode(int(newest))
+    except Exception:
+        return [_epoch_error(model, connection.alias, int(newest), "does not fit the layout")]
+    if decoded.timestamp_ms > now_ms + FUTURE_TOLERANCE_MS:
+        return [
+            _epoch_error(
+                model,
+                connection.alias,
+                int(newest),
+                f"decodes to {decoded.datetime.isoformat()}, in the future",
+            )
+        ]
+    return []
+
+
+def _epoch_error(model: Any, alias: str, newest: int, problem: str) -> CheckMessage:
+    return Error(
+        f"{model._meta.label}: the largest stored ID {newest} on database {alias!r} {problem} "
+        "under the current SNOWFLAKE_DB layout: the epoch or bit layout changed after IDs were "
+        "issued, so new IDs would sort below old ones and may collide with them",
+        hint="Restore the previous LAYOUT/EPOCH; a layout can only change for an empty table.",
+        obj=model,
+        id="snowflake_db.E011",
+    )

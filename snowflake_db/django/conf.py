@@ -1,0 +1,184 @@
+"""The ``SNOWFLAKE_DB`` settings dict, validated once and cached until settings change.
+
+All keys are optional::
+
+    SNOWFLAKE_DB = {
+        "WORKER_SOURCE": "table",       # "env" (default), "static", "table" or "manual"
+        "WORKER_ID": 7,                 # for "static"
+        "CONTROL_DATABASE": "default",  # alias holding the worker tables ("table")
+        "LEASE_SECONDS": 60,            # lease length for "table"
+        "LAYOUT": {"worker_bits": 10},  # snowflake_db.Layout keyword arguments, or a Layout
+        "EPOCH": "2020-01-01",          # ISO date/datetime (UTC if naive) or Unix milliseconds
+        "ALLOCATOR_OPTIONS": {},        # more TableWorkerAllocator keyword arguments
+        "GENERATOR_OPTIONS": {},        # more SnowflakeGenerator keyword arguments
+        "ENGINE_URL": None,             # SQLAlchemy URL overriding the one built from DATABASES
+        "ENGINE_OPTIONS": {},           # create_engine() arguments (manage.py snowflake only)
+    }
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from ..errors import SnowflakeError
+from ..layout import Layout, to_unix_ms
+
+SETTING_NAME = "SNOWFLAKE_DB"
+WORKER_SOURCES = ("env", "static", "table", "manual")
+KNOWN_KEYS = frozenset(
+    {
+        "WORKER_SOURCE",
+        "WORKER_ID",
+        "CONTROL_DATABASE",
+        "LEASE_SECONDS",
+        "LAYOUT",
+        "EPOCH",
+        "ALLOCATOR_OPTIONS",
+        "GENERATOR_OPTIONS",
+        "ENGINE_URL",
+        "ENGINE_OPTIONS",
+    }
+)
+
+
+@dataclass(frozen=True)
+class SnowflakeSettings:
+    """``SNOWFLAKE_DB`` after validation."""
+
+    worker_source: str = "env"
+    worker_id: int | None = None
+    control_database: str = "default"
+    lease_seconds: float | None = None
+    layout: Layout = field(default_factory=Layout)
+    allocator_options: dict[str, Any] = field(default_factory=dict)
+    generator_options: dict[str, Any] = field(default_factory=dict)
+    engine_url: str | None = None
+    engine_options: dict[str, Any] = field(default_factory=dict)
+
+
+def _fail(message: str) -> ImproperlyConfigured:
+    return ImproperlyConfigured(f"settings.{SETTING_NAME}: {message}")
+
+
+def _epoch_ms(value: object) -> int:
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise _fail(f"EPOCH={value!r} is not an ISO date or datetime") from None
+    if isinstance(value, date) and not isinstance(value, datetime):
+        value = datetime(value.year, value.month, value.day, tzinfo=UTC)
+    if isinstance(value, datetime) and value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    try:
+        return to_unix_ms(value, "EPOCH")  # type: ignore[arg-type]
+    except SnowflakeError as error:
+        raise _fail(str(error)) from None
+
+
+def _options(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    value = raw.get(key) or {}
+    if not isinstance(value, dict):
+        raise _fail(f"{key} must be a dict, got {type(value).__name__}")
+    return dict(value)
+
+
+def parse(raw: object) -> SnowflakeSettings:
+    """Validate a ``SNOWFLAKE_DB`` value; raise ``ImproperlyConfigured`` naming the bad key."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise _fail(f"must be a dict, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - KNOWN_KEYS)
+    if unknown:
+        raise _fail(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(KNOWN_KEYS))}")
+    source = raw.get("WORKER_SOURCE", "env")
+    if source not in WORKER_SOURCES:
+        raise _fail(f"WORKER_SOURCE={source!r} must be one of {', '.join(WORKER_SOURCES)}")
+
+    layout_value = raw.get("LAYOUT")
+    layout_kwargs: dict[str, Any]
+    if isinstance(layout_value, Layout):
+        layout_kwargs = {
+            name: getattr(layout_value, name)
+            for name in ("time_bits", "worker_bits", "sequence_bits", "shard_bits",
+                         "datacenter_bits", "epoch_ms", "tick_ms")
+        }
+    elif layout_value is None or isinstance(layout_value, dict):
+        layout_kwargs = dict(layout_value or {})
+    else:
+        raise _fail(f"LAYOUT must be a dict of Layout arguments or a Layout, got {layout_value!r}")
+    if "EPOCH" in raw:
+        if "epoch_ms" in layout_kwargs:
+            raise _fail("give the epoch once: EPOCH or LAYOUT['epoch_ms'], not both")
+        layout_kwargs["epoch_ms"] = _epoch_ms(raw["EPOCH"])
+    try:
+        layout = Layout(**layout_kwargs)
+    except TypeError as error:
+        raise _fail(f"LAYOUT: {error}") from None
+    except SnowflakeError as error:
+        raise _fail(f"LAYOUT: {error}") from None
+
+    worker_id = raw.get("WORKER_ID")
+    if source == "static":
+        if worker_id is None:
+            raise _fail("WORKER_SOURCE='static' needs WORKER_ID (an int unique to this process)")
+        try:
+            layout.check_worker_id(worker_id)
+        except SnowflakeError as error:
+            raise _fail(f"WORKER_ID: {error}") from None
+    elif worker_id is not None:
+        raise _fail(f"WORKER_ID is only used with WORKER_SOURCE='static', not {source!r}")
+
+    alias = raw.get("CONTROL_DATABASE", "default")
+    if not isinstance(alias, str) or not alias:
+        raise _fail(f"CONTROL_DATABASE must be a database alias, got {alias!r}")
+    lease = raw.get("LEASE_SECONDS")
+    if lease is not None and (
+        isinstance(lease, bool) or not isinstance(lease, int | float) or lease <= 0
+    ):
+        raise _fail(f"LEASE_SECONDS must be a positive number of seconds, got {lease!r}")
+    engine_url = raw.get("ENGINE_URL")
+    if engine_url is not None and not isinstance(engine_url, str):
+        raise _fail(f"ENGINE_URL must be a SQLAlchemy URL string, got {engine_url!r}")
+    return SnowflakeSettings(
+        worker_source=source,
+        worker_id=worker_id,
+        control_database=alias,
+        lease_seconds=lease,
+        layout=layout,
+        allocator_options=_options(raw, "ALLOCATOR_OPTIONS"),
+        generator_options=_options(raw, "GENERATOR_OPTIONS"),
+        engine_url=engine_url,
+        engine_options=_options(raw, "ENGINE_OPTIONS"),
+    )
+
+
+_cached: SnowflakeSettings | None = None
+
+
+def get_settings() -> SnowflakeSettings:
+    """The validated ``SNOWFLAKE_DB`` settings (cached; cleared when the setting changes)."""
+    global _cached  # noqa: PLW0603 - a cache of settings, as Django's own apps keep
+    if _cached is None:
+        _cached = parse(getattr(django_settings, SETTING_NAME, None))
+    return _cached
+
+
+def get_layout() -> Layout:
+    """The layout IDs are made and decoded with."""
+    return get_settings().layout
+
+
+@receiver(setting_changed)
+def _clear_cache(*, setting: str, **kwargs: Any) -> None:
+    global _cached  # noqa: PLW0603
+    if setting == SETTING_NAME:
+        _cached = None

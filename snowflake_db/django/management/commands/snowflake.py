@@ -1,0 +1,156 @@
+"""``manage.py snowflake``: decode IDs, list and reap worker leases.
+
+::
+
+    manage.py snowflake decode 912113250819136652 [--json]
+    manage.py snowflake leases [--json]      # every worker slot on the control database
+    manage.py snowflake reap [--dry-run]     # free leases the database clock says expired
+
+Leases are read and reaped with the table allocator's own statements
+(:class:`snowflake_db.worker.store.WorkerStore`), judged by the database clock. Slot rows are
+never deleted: they carry the high-water marks that make reusing a worker ID safe.
+"""
+
+from __future__ import annotations
+
+import json
+from argparse import ArgumentParser
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ....errors import SnowflakeError
+from ...conf import get_settings
+from ...worker import control_engine
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+class Command(BaseCommand):
+    help = "Decode Snowflake IDs, list worker leases, reap expired leases."
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        decode = sub.add_parser("decode", help="decode IDs with the SNOWFLAKE_DB layout")
+        decode.add_argument("ids", nargs="+")
+        decode.add_argument("--json", action="store_true")
+        leases = sub.add_parser("leases", help="list worker slots on the control database")
+        leases.add_argument("--json", action="store_true")
+        leases.add_argument("--database", help="alias (default: CONTROL_DATABASE)")
+        reap = sub.add_parser("reap", help="free leases that expired by the database clock")
+        reap.add_argument("--dry-run", action="store_true")
+        reap.add_argument("--database", help="alias (default: CONTROL_DATABASE)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        if action == "decode":
+            self._decode(options["ids"], as_json=options["json"])
+        elif action == "leases":
+            self._leases(options.get("database"), as_json=options["json"])
+        else:
+            self._reap(options.get("database"), dry_run=options["dry_run"])
+
+    def _decode(self, raw_ids: list[str], *, as_json: bool) -> None:
+        layout = get_settings().layout
+        rows = []
+        for raw in raw_ids:
+            try:
+                decoded = layout.decode(int(raw.strip()))
+            except ValueError as error:  # includes SnowflakeError's InvalidIdError
+                raise CommandError(f"cannot decode {raw!r}: {error}") from None
+            rows.append(
+                {
+                    "id": str(decoded.id),
+                    "datetime": decoded.datetime.isoformat(timespec="milliseconds"),
+                    "timestamp_ms": decoded.timestamp_ms,
+                    "worker_id": decoded.worker_id,
+                    "sequence": decoded.sequence,
+                    "shard": decoded.shard,
+                }
+            )
+        if as_json:
+            self.stdout.write(json.dumps(rows if len(rows) > 1 else rows[0]))
+            return
+        for row in rows:
+            self.stdout.write(
+                f"{row['id']}  {row['datetime']}  worker={row['worker_id']}  "
+                f"sequence={row['sequence']}  shard={row['shard']}"
+            )
+
+    def _store(self, alias: str | None) -> tuple[Any, Any]:
+        try:
+            from ....worker.store import WorkerStore
+        except ImportError as error:
+            raise CommandError(str(error)) from None
+        try:
+            engine = control_engine(alias)
+        except (SnowflakeError, ImportError, NotImplementedError) as error:
+            raise CommandError(str(error)) from None
+        return WorkerStore(), engine
+
+    def _leases(self, alias: str | None, *, as_json: bool) -> None:
+        store, engine = self._store(alias)
+        try:
+            with engine.connect() as connection:
+                slots = store.slots(connection)
+        finally:
+            engine.dispose()
+        if as_json:
+            self.stdout.write(
+                json.dumps(
+                    [
+                        {
+                            "worker_id": slot.worker_id,
+                            "state": slot.state,
+                            "hostname": slot.hostname,
+                            "pid": slot.pid,
+                            "label": slot.label,
+                            "acquired_at_ms": slot.acquired_at_ms,
+                            "renewed_at_ms": slot.renewed_at_ms,
+                            "expires_at_ms": slot.expires_at_ms,
+                            "high_water_ms": slot.high_water_ms,
+                            "db_now_ms": slot.db_now_ms,
+                        }
+                        for slot in slots
+                    ]
+                )
+            )
+            return
+        if not slots:
+            self.stdout.write("no worker slots yet")
+            return
+        self.stdout.write(
+            f"{'worker':>6}  {'state':<8}  {'holder':<32}  {'expires (UTC)':<29}  high-water"
+        )
+        for slot in slots:
+            holder = f"{slot.hostname or '-'}:{slot.pid}" if slot.pid is not None else "-"
+            if slot.label:
+                holder = slot.label
+            self.stdout.write(
+                f"{slot.worker_id:>6}  {slot.state:<8}  {holder[:32]:<32}  "
+                f"{_when(slot.expires_at_ms):<29}  {_when(slot.high_water_ms or None)}"
+            )
+
+    def _reap(self, alias: str | None, *, dry_run: bool) -> None:
+        store, engine = self._store(alias)
+        try:
+            if dry_run:
+                with engine.connect() as connection:
+                    expired = [s.worker_id for s in store.slots(connection) if s.state == "expired"]
+                self.stdout.write(
+                    f"would reap {len(expired)} expired lease(s): "
+                    f"{', '.join(map(str, expired)) or '-'}"
+                )
+                return
+            with engine.begin() as connection:
+                reaped = store.reap(connection)
+        finally:
+            engine.dispose()
+        self.stdout.write(
+            f"reaped {len(reaped)} expired lease(s): {', '.join(map(str, reaped)) or '-'}"
+        )

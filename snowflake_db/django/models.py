@@ -1,0 +1,65 @@
+"""Django models mirroring :mod:`snowflake_db.worker.schema` exactly, so migrations own the tables.
+
+Column names, types, nullability and the ``high_water_ms`` default must match the SQLAlchemy
+definition: the table allocator reads and writes these tables with its own SQL. A test compares
+the migrated tables with that definition on every backend.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+# The values of snowflake_db.worker.schema, repeated so importing the models needs no SQLAlchemy.
+SLOTS_TABLE = "snowflake_worker_slots"
+REGISTRATIONS_TABLE = "snowflake_worker_registrations"
+TOKEN_LENGTH = 32
+NAME_LENGTH = 255
+
+
+class WorkerRegistration(models.Model):
+    """One row per acquisition; ``id & max_worker_id`` is the preferred slot."""
+
+    # BIGINT identity/AUTO_INCREMENT; INTEGER PRIMARY KEY AUTOINCREMENT on SQLite, as in the schema.
+    id = models.BigAutoField(primary_key=True)
+    hostname = models.CharField(max_length=NAME_LENGTH)
+    pid = models.IntegerField()
+    started_at_ms = models.BigIntegerField()
+    worker_id = models.IntegerField(null=True)
+
+    class Meta:
+        db_table = REGISTRATIONS_TABLE
+        verbose_name = "worker registration"
+
+    def __str__(self) -> str:
+        return f"registration {self.id} ({self.hostname} pid {self.pid})"
+
+
+class WorkerSlot(models.Model):
+    """One row per worker ID ever used; never deleted (it keeps the high-water mark)."""
+
+    worker_id = models.IntegerField(primary_key=True)
+    lease_token = models.CharField(max_length=TOKEN_LENGTH, null=True)
+    registration_id = models.BigIntegerField(null=True)
+    hostname = models.CharField(max_length=NAME_LENGTH, null=True)
+    pid = models.IntegerField(null=True)
+    label = models.CharField(max_length=NAME_LENGTH, null=True)
+    acquired_at_ms = models.BigIntegerField(null=True)
+    renewed_at_ms = models.BigIntegerField(null=True)
+    expires_at_ms = models.BigIntegerField(null=True)
+    high_water_ms = models.BigIntegerField(default=0, db_default=0)
+
+    class Meta:
+        db_table = SLOTS_TABLE
+        verbose_name = "worker slot"
+        ordering = ("worker_id",)
+
+    def __str__(self) -> str:
+        return f"worker {self.worker_id}"
+
+    def state(self, now_ms: int) -> str:
+        """``free``, ``reserved`` (permanent), ``live`` or ``expired`` at database time now_ms."""
+        if self.lease_token is None:
+            return "free"
+        if self.expires_at_ms is None:
+            return "reserved"
+        return "live" if self.expires_at_ms >= now_ms else "expired"

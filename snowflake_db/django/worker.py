@@ -1,0 +1,190 @@
+"""Worker IDs for Django: set up the process-wide generator from ``SNOWFLAKE_DB``.
+
+With ``WORKER_SOURCE = "table"`` the worker ID is leased through
+:class:`snowflake_db.worker.TableWorkerAllocator` from the tables that this app's migrations
+create on the control database. The SQLAlchemy engine is built from that alias's Django
+``DATABASES`` entry the first time an ID is needed (never at import or in ``AppConfig.ready``),
+so ``manage.py`` commands that issue no ID never touch the control database, and the test
+runner's renamed test database is the one used.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+
+from ..generator import SnowflakeGenerator
+from ..lease import WorkerLease
+from ..process import configure
+from .conf import SnowflakeSettings, get_settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL, Engine
+
+    from ..clock import Clock
+    from ..layout import Layout
+
+__all__ = [
+    "DjangoTableWorkerAllocator",
+    "configure_from_settings",
+    "control_engine",
+    "sqlalchemy_url",
+]
+
+# Django OPTIONS keys that are Django's own, not driver connect arguments.
+_DJANGO_ONLY_OPTIONS = {
+    "postgresql": {"isolation_level", "server_side_binding", "pool", "assume_role", "pool_size"},
+    "mysql": {"isolation_level"},
+    "sqlite": {"init_command", "transaction_mode", "timeout"},
+}
+
+
+def _mysql_driver() -> str:
+    # Django's MySQL backend imports MySQLdb: mysqlclient, or PyMySQL installed under that name
+    # (pymysql.install_as_MySQLdb()). SQLAlchemy must use the same real driver.
+    try:
+        import MySQLdb  # type: ignore[import-not-found, import-untyped, unused-ignore]
+    except ImportError:
+        return "pymysql"
+    return "pymysql" if MySQLdb.__name__ == "pymysql" else "mysqldb"
+
+
+def _postgres_driver() -> str:
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return "psycopg2"
+    return "psycopg"
+
+
+def sqlalchemy_url(alias: str) -> URL:
+    """A SQLAlchemy URL for a Django database alias (from its current ``settings_dict``)."""
+    from sqlalchemy.engine import URL
+
+    connection = connections[alias]
+    params = connection.settings_dict
+    vendor = connection.vendor
+    options = {
+        key: value
+        for key, value in (params.get("OPTIONS") or {}).items()
+        if key not in _DJANGO_ONLY_OPTIONS.get(vendor, set())
+    }
+    if vendor == "sqlite":
+        name = str(params["NAME"])
+        return URL.create("sqlite", database=name, query={k: str(v) for k, v in options.items()})
+    if vendor == "postgresql":
+        drivername = f"postgresql+{_postgres_driver()}"
+    elif vendor == "mysql":
+        drivername = f"mysql+{_mysql_driver()}"
+    else:
+        raise NotImplementedError(
+            f"database alias {alias!r} uses vendor {vendor!r}; set SNOWFLAKE_DB['ENGINE_URL'] "
+            "to a SQLAlchemy URL for it"
+        )
+    port = params.get("PORT")
+    return URL.create(
+        drivername,
+        username=params.get("USER") or None,
+        password=params.get("PASSWORD") or None,
+        host=params.get("HOST") or None,
+        port=int(port) if port else None,
+        database=params.get("NAME") or None,
+        query={k: str(v) for k, v in options.items() if isinstance(v, str | int)},
+    )
+
+
+_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def control_engine(alias: str | None = None, conf: SnowflakeSettings | None = None) -> Engine:
+    """A new SQLAlchemy engine for the control database (``ENGINE_URL`` wins if set).
+
+    Used by ``manage.py snowflake``; the allocator builds its own engines from the same URL.
+    """
+    from sqlalchemy import create_engine
+
+    conf = conf or get_settings()
+    url: str | URL = conf.engine_url or sqlalchemy_url(alias or conf.control_database)
+    options: dict[str, Any] = {"pool_pre_ping": True, **conf.engine_options}
+    engine = create_engine(url, **options)
+    _engines.add(engine)
+    return engine
+
+
+def _forget_pooled_connections_in_child() -> None:
+    # A forked child must not use (or close) the parent's pooled sockets:
+    # https://docs.sqlalchemy.org/en/20/core/pooling.html#using-connection-pools-with-multiprocessing-or-os-fork
+    for engine in list(_engines):
+        engine.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_forget_pooled_connections_in_child)
+
+
+class DjangoTableWorkerAllocator:
+    """A :class:`~snowflake_db.lease.WorkerAllocator` that builds its table allocator lazily.
+
+    :class:`~snowflake_db.worker.TableWorkerAllocator` is created on the first ``acquire`` (the
+    first ID) from the control alias's URL, with ``create_tables=False``: this app's migrations
+    own the tables. It makes its own small engines (heartbeat on a separate connection, driver
+    timeouts, SQLite locking) and renews them in forked children.
+    """
+
+    def __init__(self, alias: str | None = None, **options: Any) -> None:
+        self.alias = alias
+        self.options = options
+        self._lock = threading.Lock()
+        self._allocator: Any = None
+
+    @property
+    def allocator(self) -> Any:
+        """The underlying ``TableWorkerAllocator`` (built on first use)."""
+        with self._lock:
+            if self._allocator is None:
+                from ..worker import TableWorkerAllocator
+
+                conf = get_settings()
+                options = dict(conf.allocator_options)
+                if conf.lease_seconds is not None:
+                    options.setdefault("lease_seconds", conf.lease_seconds)
+                options.update(self.options)
+                options.setdefault("create_tables", False)
+                url = conf.engine_url or sqlalchemy_url(self.alias or conf.control_database)
+                self._allocator = TableWorkerAllocator(url, **options)
+            return self._allocator
+
+    def acquire(self, *, layout: Layout, clock: Clock) -> WorkerLease:
+        lease: WorkerLease = self.allocator.acquire(layout=layout, clock=clock)
+        return lease
+
+    def __repr__(self) -> str:
+        alias = self.alias or get_settings().control_database
+        return f"<DjangoTableWorkerAllocator alias={alias!r}>"
+
+
+def configure_from_settings(conf: SnowflakeSettings | None = None) -> SnowflakeGenerator | None:
+    """Set up ``snowflake_default()`` as ``SNOWFLAKE_DB`` says; return the generator, if any.
+
+    Called by ``AppConfig.ready()``. Touches no database: a table lease is taken with the first
+    ID, and again in every forked child (the generator notices the new process ID).
+    ``"manual"`` leaves ``snowflake_db.configure()`` to you; ``"env"`` without the environment
+    variables leaves the core's own fallback in place (the first ID then raises
+    ``NotConfiguredError`` saying what to set).
+    """
+    conf = conf or get_settings()
+    options = dict(conf.generator_options)
+    if conf.worker_source == "manual":
+        return None
+    if conf.worker_source == "static":
+        return configure(worker_id=conf.worker_id, layout=conf.layout, **options)
+    if conf.worker_source == "table":
+        return configure(allocator=DjangoTableWorkerAllocator(), layout=conf.layout, **options)
+    from ..process import WORKER_ID_ENV, WORKER_URL_ENV
+
+    if os.environ.get(WORKER_URL_ENV, "").strip() or os.environ.get(WORKER_ID_ENV, "").strip():
+        return configure(layout=conf.layout, **options)
+    return None

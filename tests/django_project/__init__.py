@@ -1,0 +1,1 @@
+"""A Django project for the snowflake_db.django tests (see tests/django/conftest.py)."""
