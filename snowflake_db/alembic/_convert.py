@@ -1,0 +1,337 @@
+"""Convert an auto-increment integer primary key to a Snowflake ``BIGINT`` and back.
+
+The steps, per backend (all through Alembic operations, so DDL is rendered by each dialect):
+
+* PostgreSQL: drop the foreign keys that reference the column, drop its identity or its
+  ``serial`` default and owned sequence, widen it and every referencing column to ``BIGINT``,
+  re-create the foreign keys unchanged.
+* MariaDB/MySQL: the same; ``MODIFY ... BIGINT NOT NULL`` without ``AUTO_INCREMENT``.
+* SQLite: "move and copy" batch mode (``ALTER TABLE`` cannot change a column there); the table
+  is rebuilt with ``BIGINT NOT NULL`` (no longer a rowid alias) and rows are copied.
+
+Rows keep their existing IDs; new rows get Snowflake IDs, which are far above any serial value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from sqlalchemy import BigInteger, Integer, func, select, text
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.types import TypeEngine
+
+from ..errors import InvalidArgumentError, SnowflakeError
+
+if TYPE_CHECKING:
+    from alembic.operations import Operations
+    from sqlalchemy.engine import Connection
+
+__all__ = ["SnowflakeMigrationError", "convert_pk", "revert_pk"]
+
+RevertType = Literal["integer", "bigint"]
+
+_INT32_MAX = 2**31 - 1
+
+
+class SnowflakeMigrationError(SnowflakeError):
+    """A Snowflake migration step cannot be carried out; the message says why and what to do."""
+
+
+@dataclass
+class _Reference:
+    table: str
+    name: str | None
+    column: str
+    nullable: bool
+    existing_type: TypeEngine[Any]
+    existing_default: Any
+    existing_comment: str | None
+    fk: dict[str, Any] = field(repr=False)
+
+
+@dataclass
+class _Target:
+    table: str
+    column: str
+    schema: str | None
+    info: dict[str, Any]
+    references: list[_Reference]
+
+
+def _bind(operations: Operations, what: str) -> Connection:
+    if operations.migration_context.as_sql:
+        raise SnowflakeMigrationError(
+            f"{what} inspects the live database (types, sequences, foreign keys) and cannot run "
+            "in offline --sql mode; run it online"
+        )
+    return operations.get_bind()
+
+
+def _inspect_target(bind: Connection, table: str, column: str, schema: str | None) -> _Target:
+    inspector = sa_inspect(bind)
+    if not inspector.has_table(table, schema=schema):
+        raise SnowflakeMigrationError(f"table {table!r} does not exist")
+    columns = {c["name"]: c for c in inspector.get_columns(table, schema=schema)}
+    if column not in columns:
+        raise SnowflakeMigrationError(f"table {table!r} has no column {column!r}")
+    pk = inspector.get_pk_constraint(table, schema=schema)["constrained_columns"]
+    if pk != [column]:
+        raise SnowflakeMigrationError(
+            f"{table}.{column} must be the table's only primary-key column (the primary key is "
+            f"{pk})"
+        )
+    info = dict(columns[column])
+    if not isinstance(info["type"], Integer):
+        raise SnowflakeMigrationError(
+            f"{table}.{column} is {info['type']!r}, not an integer type: only integer primary "
+            "keys can become Snowflake BIGINT keys without rewriting every reference"
+        )
+    references: list[_Reference] = []
+    for other in inspector.get_table_names(schema=schema):
+        other_columns: dict[str, Any] | None = None
+        for fk in inspector.get_foreign_keys(other, schema=schema):
+            if fk["referred_table"] != table or column not in fk["referred_columns"]:
+                continue
+            if (fk.get("referred_schema") or schema) != schema:
+                continue
+            if other_columns is None:
+                other_columns = {c["name"]: c for c in inspector.get_columns(other, schema=schema)}
+            local = fk["constrained_columns"][fk["referred_columns"].index(column)]
+            spec = other_columns[local]
+            references.append(
+                _Reference(
+                    table=other,
+                    name=fk.get("name"),
+                    column=local,
+                    nullable=bool(spec["nullable"]),
+                    existing_type=spec["type"],
+                    existing_default=spec.get("default"),
+                    existing_comment=spec.get("comment"),
+                    fk=dict(fk),
+                )
+            )
+    return _Target(table, column, schema, info, references)
+
+
+def _quoted(bind: Connection, table: str, schema: str | None) -> str:
+    preparer = bind.dialect.identifier_preparer
+    name = preparer.quote(table)
+    return f"{preparer.quote_schema(schema)}.{name}" if schema else name
+
+
+def _drop_references(operations: Operations, target: _Target) -> None:
+    for ref in target.references:
+        if not ref.name:
+            raise SnowflakeMigrationError(
+                f"the foreign key {ref.table}.{ref.column} -> {target.table}.{target.column} has "
+                "no name, so it cannot be dropped and re-created; name it first"
+            )
+        operations.drop_constraint(ref.name, ref.table, type_="foreignkey", schema=target.schema)
+
+
+def _create_references(operations: Operations, target: _Target) -> None:
+    for ref in target.references:
+        options = ref.fk.get("options") or {}
+        assert ref.name is not None
+        operations.create_foreign_key(
+            ref.name,
+            ref.table,
+            target.table,
+            ref.fk["constrained_columns"],
+            ref.fk["referred_columns"],
+            source_schema=target.schema,
+            referent_schema=target.schema,
+            ondelete=options.get("ondelete"),
+            onupdate=options.get("onupdate"),
+            deferrable=options.get("deferrable"),
+            initially=options.get("initially"),
+        )
+
+
+def _alter_references(
+    operations: Operations, target: _Target, type_: TypeEngine[Any]
+) -> None:
+    for ref in target.references:
+        operations.alter_column(
+            ref.table,
+            ref.column,
+            type_=type_,
+            existing_type=ref.existing_type,
+            existing_nullable=ref.nullable,
+            existing_server_default=_server_default(ref.existing_default),
+            existing_comment=ref.existing_comment,
+            schema=target.schema,
+        )
+
+
+def _server_default(reflected: Any) -> Any:
+    return None if reflected is None else text(str(reflected))
+
+
+def _drop_postgresql_autoincrement(
+    bind: Connection, operations: Operations, target: _Target
+) -> None:
+    table = _quoted(bind, target.table, target.schema)
+    column = bind.dialect.identifier_preparer.quote(target.column)
+    if target.info.get("identity"):
+        operations.execute(f"ALTER TABLE {table} ALTER COLUMN {column} DROP IDENTITY IF EXISTS")
+        return
+    default = target.info.get("default")
+    if default is None:
+        return
+    sequence = bind.scalar(
+        select(func.pg_get_serial_sequence(table, target.column))
+    )
+    operations.execute(f"ALTER TABLE {table} ALTER COLUMN {column} DROP DEFAULT")
+    if sequence is not None and "nextval(" in str(default):
+        operations.execute(f"DROP SEQUENCE IF EXISTS {sequence}")
+
+
+def convert_pk(
+    operations: Operations,
+    table: str,
+    column: str,
+    *,
+    schema: str | None,
+    server_default: str | None,
+) -> None:
+    """Turn ``table.column`` into a Snowflake ``BIGINT`` primary key, widening references."""
+    bind = _bind(operations, "convert_to_snowflake_pk")
+    target = _inspect_target(bind, table, column, schema)
+    dialect = bind.dialect.name
+    bigint = BigInteger()
+    if dialect == "sqlite":
+        if server_default is not None:
+            raise InvalidArgumentError("server_default= needs PostgreSQL's server-side function")
+        _sqlite_rebuild(operations, target, bigint, autoincrement=False)
+        return
+    if dialect not in ("postgresql", "mysql", "mariadb"):
+        raise SnowflakeMigrationError(
+            f"convert_to_snowflake_pk supports PostgreSQL, MariaDB/MySQL and SQLite, not {dialect}"
+        )
+    if server_default is not None and dialect != "postgresql":
+        raise InvalidArgumentError("server_default= needs PostgreSQL's server-side function")
+    _drop_references(operations, target)
+    if dialect == "postgresql":
+        _drop_postgresql_autoincrement(bind, operations, target)
+    operations.alter_column(
+        table,
+        column,
+        type_=bigint,
+        existing_type=target.info["type"],
+        existing_nullable=False,
+        # MODIFY without AUTO_INCREMENT; other dialects warn about the argument
+        autoincrement=False if dialect != "postgresql" else None,
+        existing_comment=target.info.get("comment"),
+        server_default=text(server_default) if server_default else False,
+        schema=schema,
+    )
+    _alter_references(operations, target, bigint)
+    _create_references(operations, target)
+
+
+def _check_fits(bind: Connection, target: _Target, to: RevertType) -> None:
+    if to != "integer" or bind.dialect.name == "sqlite":
+        return  # SQLite's INTEGER holds 64 bits
+    preparer = bind.dialect.identifier_preparer
+    columns = [(target.table, target.column)] + [(r.table, r.column) for r in target.references]
+    for table_name, column_name in columns:
+        largest = bind.scalar(
+            text(
+                f"SELECT max({preparer.quote(column_name)}) "
+                f"FROM {_quoted(bind, table_name, target.schema)}"
+            )
+        )
+        if largest is not None and largest > _INT32_MAX:
+            raise SnowflakeMigrationError(
+                f"cannot revert {target.table}.{target.column} to INTEGER: "
+                f"{table_name}.{column_name} holds {largest}, above the INTEGER maximum "
+                f"{_INT32_MAX}. Revert with type_='bigint' (keeps every ID, restores "
+                "auto-increment), or delete or renumber the rows with Snowflake IDs first"
+            )
+
+
+def revert_pk(
+    operations: Operations,
+    table: str,
+    column: str,
+    *,
+    schema: str | None,
+    type_: RevertType,
+) -> None:
+    """Make ``table.column`` auto-incrementing again (``integer`` or ``bigint``)."""
+    if type_ not in ("integer", "bigint"):
+        raise InvalidArgumentError(f"type_ must be 'integer' or 'bigint', got {type_!r}")
+    bind = _bind(operations, "revert_snowflake_pk")
+    target = _inspect_target(bind, table, column, schema)
+    _check_fits(bind, target, type_)
+    new_type: TypeEngine[Any] = Integer() if type_ == "integer" else BigInteger()
+    dialect = bind.dialect.name
+    if dialect == "sqlite":
+        _sqlite_rebuild(operations, target, Integer(), autoincrement=True)
+        return
+    _drop_references(operations, target)
+    if dialect == "postgresql":
+        quoted = _quoted(bind, table, schema)
+        name = bind.dialect.identifier_preparer.quote(column)
+        operations.alter_column(
+            table,
+            column,
+            type_=new_type,
+            existing_type=target.info["type"],
+            existing_nullable=False,
+            server_default=None,
+            existing_server_default=_server_default(target.info.get("default")),
+            schema=schema,
+        )
+        start = (bind.scalar(text(f"SELECT max({name}) FROM {quoted}")) or 0) + 1
+        operations.execute(
+            f"ALTER TABLE {quoted} ALTER COLUMN {name} "
+            f"ADD GENERATED BY DEFAULT AS IDENTITY (START WITH {int(start)})"
+        )
+    else:
+        # MODIFY ... AUTO_INCREMENT; the counter starts above the largest existing value
+        operations.alter_column(
+            table,
+            column,
+            type_=new_type,
+            existing_type=target.info["type"],
+            existing_nullable=False,
+            autoincrement=True,
+            existing_comment=target.info.get("comment"),
+            schema=schema,
+        )
+    _alter_references(operations, target, new_type)
+    _create_references(operations, target)
+
+
+def _sqlite_rebuild(
+    operations: Operations, target: _Target, type_: TypeEngine[Any], *, autoincrement: bool
+) -> None:
+    # sqlite_autoincrement would render AUTOINCREMENT, which SQLite allows only on a rowid
+    # alias (INTEGER PRIMARY KEY): switch it off for the BIGINT table.
+    with operations.batch_alter_table(
+        target.table,
+        schema=target.schema,
+        recreate="always",
+        table_kwargs={"sqlite_autoincrement": False},
+    ) as batch:
+        batch.alter_column(
+            target.column,
+            type_=type_,
+            existing_type=target.info["type"],
+            existing_nullable=False,
+            autoincrement=autoincrement,
+        )
+    widened: TypeEngine[Any] = BigInteger() if not autoincrement else Integer()
+    for ref in target.references:
+        with operations.batch_alter_table(
+            ref.table, schema=target.schema, recreate="always"
+        ) as batch:
+            batch.alter_column(
+                ref.column,
+                type_=widened,
+                existing_type=ref.existing_type,
+                existing_nullable=ref.nullable,
+            )

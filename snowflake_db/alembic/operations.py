@@ -1,0 +1,570 @@
+"""Every Alembic hook of snowflake_db: registered operations, their implementations, renderers.
+
+Importing :mod:`snowflake_db.alembic` (in ``env.py``) registers:
+
+* ``op.create_snowflake_worker_tables()`` / ``op.drop_snowflake_worker_tables()``
+* ``op.convert_to_snowflake_pk(table, column="id")`` / ``op.revert_snowflake_pk(...)``
+* ``op.create_snowflake_id_function()`` / ``op.drop_snowflake_id_function()`` (PostgreSQL)
+
+Each operation is a ``MigrateOperation`` with a ``reverse()`` so autogenerate hooks can render
+the pair; the renderers also add ``import snowflake_db.alembic`` to the revision file.
+(See "Operation Plugins" in the Alembic docs.)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from alembic.autogenerate import renderers
+from alembic.operations import MigrateOperation, Operations
+from alembic.operations.ops import CreateTableOp, DropTableOp
+from sqlalchemy import MetaData, create_engine, text
+
+from ..generator import DEFAULT_ROLLBACK_TOLERANCE_MS
+from ..layout import DEFAULT_LAYOUT, Layout
+from ..worker.schema import (
+    DEFAULT_REGISTRATIONS_TABLE,
+    DEFAULT_SLOTS_TABLE,
+    worker_tables,
+)
+from . import _pg_function
+from ._convert import RevertType, SnowflakeMigrationError, convert_pk, revert_pk
+
+if TYPE_CHECKING:
+    from alembic.autogenerate.api import AutogenContext
+    from sqlalchemy.engine import Connection
+
+__all__ = [
+    "ConvertToSnowflakePkOp",
+    "CreateSnowflakeIdFunctionOp",
+    "CreateSnowflakeWorkerTablesOp",
+    "DropSnowflakeIdFunctionOp",
+    "DropSnowflakeWorkerTablesOp",
+    "RevertSnowflakePkOp",
+]
+
+_IMPORT = "import snowflake_db.alembic"
+
+
+def _args(*positional: Any, **keywords: Any) -> str:
+    """Render call arguments, leaving out keywords at their default (``None`` marks those)."""
+    parts = [repr(value) for value in positional]
+    parts += [f"{key}={value!r}" for key, value in keywords.items() if value is not None]
+    return ", ".join(parts)
+
+
+def _render_layout(layout: Layout | None) -> str | None:
+    if layout is None or layout == DEFAULT_LAYOUT:
+        return None
+    fields = {
+        name: getattr(layout, name)
+        for name in ("time_bits", "worker_bits", "sequence_bits", "shard_bits",
+                     "datacenter_bits", "epoch_ms", "tick_ms")
+        if getattr(layout, name) != getattr(DEFAULT_LAYOUT, name)
+    }
+    inner = ", ".join(f"{key}={value!r}" for key, value in fields.items())
+    return f"snowflake_db.Layout({inner})"
+
+
+class _LayoutRepr:
+    """Makes ``repr()`` of a layout argument the source code that rebuilds it."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def __repr__(self) -> str:
+        return self.source
+
+
+# -- worker tables -------------------------------------------------------------------------
+
+
+@Operations.register_operation("create_snowflake_worker_tables")
+class CreateSnowflakeWorkerTablesOp(MigrateOperation):
+    """Create the worker-allocator tables exactly as :mod:`snowflake_db.worker.schema` defines."""
+
+    def __init__(
+        self,
+        *,
+        slots_table: str = DEFAULT_SLOTS_TABLE,
+        registrations_table: str = DEFAULT_REGISTRATIONS_TABLE,
+        schema: str | None = None,
+    ) -> None:
+        self.slots_table = slots_table
+        self.registrations_table = registrations_table
+        self.schema = schema
+
+    @classmethod
+    def create_snowflake_worker_tables(
+        cls,
+        operations: Operations,
+        *,
+        slots_table: str = DEFAULT_SLOTS_TABLE,
+        registrations_table: str = DEFAULT_REGISTRATIONS_TABLE,
+        schema: str | None = None,
+    ) -> None:
+        """Create the worker slots and registrations tables (works offline too)."""
+        op = cls(slots_table=slots_table, registrations_table=registrations_table, schema=schema)
+        operations.invoke(op)
+
+    def reverse(self) -> DropSnowflakeWorkerTablesOp:
+        return DropSnowflakeWorkerTablesOp(
+            slots_table=self.slots_table,
+            registrations_table=self.registrations_table,
+            schema=self.schema,
+        )
+
+    def _keywords(self) -> dict[str, Any]:
+        return {
+            "slots_table": None if self.slots_table == DEFAULT_SLOTS_TABLE else self.slots_table,
+            "registrations_table": None
+            if self.registrations_table == DEFAULT_REGISTRATIONS_TABLE
+            else self.registrations_table,
+            "schema": self.schema,
+        }
+
+
+@Operations.register_operation("drop_snowflake_worker_tables")
+class DropSnowflakeWorkerTablesOp(CreateSnowflakeWorkerTablesOp):
+    """Drop the worker-allocator tables (every lease and high-water mark goes with them)."""
+
+    @classmethod
+    def drop_snowflake_worker_tables(
+        cls,
+        operations: Operations,
+        *,
+        slots_table: str = DEFAULT_SLOTS_TABLE,
+        registrations_table: str = DEFAULT_REGISTRATIONS_TABLE,
+        schema: str | None = None,
+    ) -> None:
+        """Drop the worker slots and registrations tables."""
+        op = cls(slots_table=slots_table, registrations_table=registrations_table, schema=schema)
+        operations.invoke(op)
+
+    def reverse(self) -> CreateSnowflakeWorkerTablesOp:  # type: ignore[override]
+        return CreateSnowflakeWorkerTablesOp(
+            slots_table=self.slots_table,
+            registrations_table=self.registrations_table,
+            schema=self.schema,
+        )
+
+
+def _worker_tables(op: CreateSnowflakeWorkerTablesOp) -> tuple[Any, Any]:
+    tables = worker_tables(
+        MetaData(),
+        slots_table=op.slots_table,
+        registrations_table=op.registrations_table,
+        schema=op.schema,
+    )
+    return tables.slots, tables.registrations
+
+
+@Operations.implementation_for(CreateSnowflakeWorkerTablesOp)
+def _create_worker_tables(operations: Operations, op: CreateSnowflakeWorkerTablesOp) -> None:
+    for table in _worker_tables(op):
+        operations.invoke(CreateTableOp.from_table(table))
+
+
+@Operations.implementation_for(DropSnowflakeWorkerTablesOp)
+def _drop_worker_tables(operations: Operations, op: DropSnowflakeWorkerTablesOp) -> None:
+    for table in reversed(_worker_tables(op)):
+        operations.invoke(DropTableOp.from_table(table))
+
+
+@renderers.dispatch_for(CreateSnowflakeWorkerTablesOp)
+def _render_create_worker_tables(
+    autogen_context: AutogenContext, op: CreateSnowflakeWorkerTablesOp
+) -> str:
+    autogen_context.imports.add(_IMPORT)
+    name = "drop" if isinstance(op, DropSnowflakeWorkerTablesOp) else "create"
+    return f"op.{name}_snowflake_worker_tables({_args(**op._keywords())})"
+
+
+renderers.dispatch_for(DropSnowflakeWorkerTablesOp)(_render_create_worker_tables)
+
+
+# -- primary-key conversion ----------------------------------------------------------------
+
+
+@Operations.register_operation("convert_to_snowflake_pk")
+class ConvertToSnowflakePkOp(MigrateOperation):
+    """Make an auto-increment integer primary key a Snowflake ``BIGINT`` key."""
+
+    def __init__(
+        self,
+        table_name: str,
+        column_name: str = "id",
+        *,
+        schema: str | None = None,
+        server_default: str | None = None,
+        revert_type: RevertType = "integer",
+    ) -> None:
+        self.table_name = table_name
+        self.column_name = column_name
+        self.schema = schema
+        self.server_default = server_default
+        self.revert_type = revert_type
+
+    @classmethod
+    def convert_to_snowflake_pk(
+        cls,
+        operations: Operations,
+        table_name: str,
+        column_name: str = "id",
+        *,
+        schema: str | None = None,
+        server_default: str | None = None,
+    ) -> None:
+        """Widen ``table_name.column_name`` and every foreign key to it to ``BIGINT``, drop
+        its sequence / identity / AUTO_INCREMENT, keep every row.
+
+        ``server_default`` (PostgreSQL) is an SQL expression such as ``"snowflake_next_id()"``
+        from :meth:`create_snowflake_id_function`, for rows inserted without the application.
+        """
+        operations.invoke(
+            cls(table_name, column_name, schema=schema, server_default=server_default)
+        )
+
+    def reverse(self) -> RevertSnowflakePkOp:
+        return RevertSnowflakePkOp(
+            self.table_name, self.column_name, schema=self.schema, type_=self.revert_type
+        )
+
+
+@Operations.register_operation("revert_snowflake_pk")
+class RevertSnowflakePkOp(MigrateOperation):
+    """Undo :class:`ConvertToSnowflakePkOp`: auto-increment again, ``INTEGER`` or ``BIGINT``."""
+
+    def __init__(
+        self,
+        table_name: str,
+        column_name: str = "id",
+        *,
+        schema: str | None = None,
+        type_: RevertType = "integer",
+    ) -> None:
+        self.table_name = table_name
+        self.column_name = column_name
+        self.schema = schema
+        self.type_ = type_
+
+    @classmethod
+    def revert_snowflake_pk(
+        cls,
+        operations: Operations,
+        table_name: str,
+        column_name: str = "id",
+        *,
+        schema: str | None = None,
+        type_: RevertType = "integer",
+    ) -> None:
+        """Restore an auto-increment key (identity on PostgreSQL, AUTO_INCREMENT on MariaDB,
+        a rowid alias on SQLite) of ``type_`` ``"integer"`` or ``"bigint"``.
+
+        Reverting to ``"integer"`` fails with a clear error once the table (or a reference)
+        holds an ID above 2**31 - 1; ``"bigint"`` always works and keeps every ID.
+        """
+        operations.invoke(cls(table_name, column_name, schema=schema, type_=type_))
+
+    def reverse(self) -> ConvertToSnowflakePkOp:
+        return ConvertToSnowflakePkOp(
+            self.table_name, self.column_name, schema=self.schema, revert_type=self.type_
+        )
+
+
+@Operations.implementation_for(ConvertToSnowflakePkOp)
+def _convert(operations: Operations, op: ConvertToSnowflakePkOp) -> None:
+    convert_pk(
+        operations,
+        op.table_name,
+        op.column_name,
+        schema=op.schema,
+        server_default=op.server_default,
+    )
+
+
+@Operations.implementation_for(RevertSnowflakePkOp)
+def _revert(operations: Operations, op: RevertSnowflakePkOp) -> None:
+    revert_pk(operations, op.table_name, op.column_name, schema=op.schema, type_=op.type_)
+
+
+@renderers.dispatch_for(ConvertToSnowflakePkOp)
+def _render_convert(autogen_context: AutogenContext, op: ConvertToSnowflakePkOp) -> str:
+    autogen_context.imports.add(_IMPORT)
+    column = None if op.column_name == "id" else op.column_name
+    positional = (op.table_name,) if column is None else (op.table_name, column)
+    return (
+        f"op.convert_to_snowflake_pk("
+        f"{_args(*positional, schema=op.schema, server_default=op.server_default)})"
+    )
+
+
+@renderers.dispatch_for(RevertSnowflakePkOp)
+def _render_revert(autogen_context: AutogenContext, op: RevertSnowflakePkOp) -> str:
+    autogen_context.imports.add(_IMPORT)
+    column = None if op.column_name == "id" else op.column_name
+    positional = (op.table_name,) if column is None else (op.table_name, column)
+    type_ = None if op.type_ == "integer" else op.type_
+    return f"op.revert_snowflake_pk({_args(*positional, schema=op.schema, type_=type_)})"
+
+
+# -- PostgreSQL server-side function -------------------------------------------------------
+
+
+@Operations.register_operation("create_snowflake_id_function")
+class CreateSnowflakeIdFunctionOp(MigrateOperation):
+    """Install ``snowflake_next_id()`` on PostgreSQL with a permanently reserved worker slot."""
+
+    def __init__(
+        self,
+        name: str = "snowflake_next_id",
+        *,
+        schema: str | None = None,
+        layout: Layout | None = None,
+        label: str | None = None,
+        control_url: str | None = None,
+        slots_table: str = DEFAULT_SLOTS_TABLE,
+        slots_schema: str | None = None,
+        rollback_tolerance_ms: int = DEFAULT_ROLLBACK_TOLERANCE_MS,
+    ) -> None:
+        self.spec = _pg_function.FunctionSpec(name, schema)
+        self.name = name
+        self.schema = schema
+        self.layout = layout
+        self.label = label
+        self.control_url = control_url
+        self.slots_table = slots_table
+        self.slots_schema = slots_schema
+        self.rollback_tolerance_ms = rollback_tolerance_ms
+
+    @classmethod
+    def create_snowflake_id_function(
+        cls,
+        operations: Operations,
+        name: str = "snowflake_next_id",
+        *,
+        schema: str | None = None,
+        layout: Layout | None = None,
+        label: str | None = None,
+        control_url: str | None = None,
+        slots_table: str = DEFAULT_SLOTS_TABLE,
+        slots_schema: str | None = None,
+        rollback_tolerance_ms: int = DEFAULT_ROLLBACK_TOLERANCE_MS,
+    ) -> None:
+        """Create a PostgreSQL function ``name()`` returning Snowflake IDs of ``layout``.
+
+        Its worker ID is a slot reserved forever (under ``label``) in the allocator's slots
+        table: in this database, or in the control database at ``control_url`` when the worker
+        tables live elsewhere. Use it as a server default:
+        ``op.convert_to_snowflake_pk("orders", server_default="snowflake_next_id()")``.
+        """
+        operations.invoke(
+            cls(
+                name,
+                schema=schema,
+                layout=layout,
+                label=label,
+                control_url=control_url,
+                slots_table=slots_table,
+                slots_schema=slots_schema,
+                rollback_tolerance_ms=rollback_tolerance_ms,
+            )
+        )
+
+    def reverse(self) -> DropSnowflakeIdFunctionOp:
+        return DropSnowflakeIdFunctionOp(
+            self.name,
+            schema=self.schema,
+            layout=self.layout,
+            label=self.label,
+            control_url=self.control_url,
+            slots_table=self.slots_table,
+            slots_schema=self.slots_schema,
+        )
+
+    def _keywords(self) -> dict[str, Any]:
+        rendered_layout = _render_layout(self.layout)
+        return {
+            "schema": self.schema,
+            "layout": None if rendered_layout is None else _LayoutRepr(rendered_layout),
+            "label": self.label,
+            "control_url": self.control_url,
+            "slots_table": None if self.slots_table == DEFAULT_SLOTS_TABLE else self.slots_table,
+            "slots_schema": self.slots_schema,
+        }
+
+
+@Operations.register_operation("drop_snowflake_id_function")
+class DropSnowflakeIdFunctionOp(MigrateOperation):
+    """Drop the function and its state sequence, and free its reserved worker slot."""
+
+    def __init__(
+        self,
+        name: str = "snowflake_next_id",
+        *,
+        schema: str | None = None,
+        layout: Layout | None = None,
+        label: str | None = None,
+        control_url: str | None = None,
+        slots_table: str = DEFAULT_SLOTS_TABLE,
+        slots_schema: str | None = None,
+        release_worker: bool = True,
+    ) -> None:
+        self.spec = _pg_function.FunctionSpec(name, schema)
+        self.name = name
+        self.schema = schema
+        self.layout = layout
+        self.label = label
+        self.control_url = control_url
+        self.slots_table = slots_table
+        self.slots_schema = slots_schema
+        self.release_worker = release_worker
+
+    @classmethod
+    def drop_snowflake_id_function(
+        cls,
+        operations: Operations,
+        name: str = "snowflake_next_id",
+        *,
+        schema: str | None = None,
+        layout: Layout | None = None,
+        label: str | None = None,
+        control_url: str | None = None,
+        slots_table: str = DEFAULT_SLOTS_TABLE,
+        slots_schema: str | None = None,
+        release_worker: bool = True,
+    ) -> None:
+        """Drop ``name()`` (drop server defaults using it first) and its state sequence.
+
+        With ``release_worker`` the reserved slot becomes free again, its high-water mark raised
+        past the function's last ID so a later holder never repeats it.
+        """
+        operations.invoke(
+            cls(
+                name,
+                schema=schema,
+                layout=layout,
+                label=label,
+                control_url=control_url,
+                slots_table=slots_table,
+                slots_schema=slots_schema,
+                release_worker=release_worker,
+            )
+        )
+
+    def reverse(self) -> CreateSnowflakeIdFunctionOp:
+        return CreateSnowflakeIdFunctionOp(
+            self.name,
+            schema=self.schema,
+            layout=self.layout,
+            label=self.label,
+            control_url=self.control_url,
+            slots_table=self.slots_table,
+            slots_schema=self.slots_schema,
+        )
+
+    def _keywords(self) -> dict[str, Any]:
+        rendered_layout = _render_layout(self.layout)
+        return {
+            "schema": self.schema,
+            "layout": None if rendered_layout is None else _LayoutRepr(rendered_layout),
+            "label": self.label,
+            "control_url": self.control_url,
+            "slots_table": None if self.slots_table == DEFAULT_SLOTS_TABLE else self.slots_table,
+            "slots_schema": self.slots_schema,
+            "release_worker": None if self.release_worker else False,
+        }
+
+
+def _postgresql_bind(operations: Operations, what: str) -> Connection:
+    if operations.migration_context.as_sql:
+        raise SnowflakeMigrationError(
+            f"{what} reserves a worker slot in the database and cannot run in offline --sql mode"
+        )
+    bind = operations.get_bind()
+    if bind.dialect.name != "postgresql":
+        raise SnowflakeMigrationError(
+            f"{what} installs a PL/pgSQL function: PostgreSQL only, not {bind.dialect.name}"
+        )
+    return bind
+
+
+def _with_control(
+    bind: Connection, control_url: str | None, action: Any
+) -> Any:
+    """Run ``action(conn)`` on the control database: here, or in its own committed transaction."""
+    if control_url is None:
+        return action(bind)
+    engine = create_engine(control_url)
+    try:
+        with engine.begin() as conn:
+            return action(conn)
+    finally:
+        engine.dispose()
+
+
+@Operations.implementation_for(CreateSnowflakeIdFunctionOp)
+def _create_function(operations: Operations, op: CreateSnowflakeIdFunctionOp) -> None:
+    bind = _postgresql_bind(operations, "create_snowflake_id_function")
+    layout = op.layout or DEFAULT_LAYOUT
+    label = op.label or op.spec.default_label(bind.engine.url.database)
+    worker_id, high_water_ms = _with_control(
+        bind,
+        op.control_url,
+        lambda conn: _pg_function.reserve_slot(
+            conn, label=label, layout=layout, slots_table=op.slots_table, schema=op.slots_schema
+        ),
+    )
+    statements = _pg_function.create_function_sql(
+        op.spec,
+        layout=layout,
+        worker_id=worker_id,
+        start_after=_pg_function.floor_id(layout, worker_id, high_water_ms),
+        rollback_tolerance_ms=op.rollback_tolerance_ms,
+    )
+    for statement in statements:
+        operations.execute(text(statement))
+
+
+@Operations.implementation_for(DropSnowflakeIdFunctionOp)
+def _drop_function(operations: Operations, op: DropSnowflakeIdFunctionOp) -> None:
+    bind = _postgresql_bind(operations, "drop_snowflake_id_function")
+    layout = op.layout or DEFAULT_LAYOUT
+    label = op.label or op.spec.default_label(bind.engine.url.database)
+    last_id = _pg_function.last_issued_id(bind, op.spec)
+    for statement in _pg_function.drop_function_sql(op.spec):
+        operations.execute(text(statement))
+    if op.release_worker:
+        _with_control(
+            bind,
+            op.control_url,
+            lambda conn: _pg_function.release_slot(
+                conn,
+                label=label,
+                layout=layout,
+                last_id=last_id,
+                slots_table=op.slots_table,
+                schema=op.slots_schema,
+            ),
+        )
+
+
+@renderers.dispatch_for(CreateSnowflakeIdFunctionOp)
+def _render_create_function(
+    autogen_context: AutogenContext, op: CreateSnowflakeIdFunctionOp
+) -> str:
+    autogen_context.imports.add(_IMPORT)
+    if op.layout is not None:
+        autogen_context.imports.add("import snowflake_db")
+    positional = () if op.name == "snowflake_next_id" else (op.name,)
+    return f"op.create_snowflake_id_function({_args(*positional, **op._keywords())})"
+
+
+@renderers.dispatch_for(DropSnowflakeIdFunctionOp)
+def _render_drop_function(autogen_context: AutogenContext, op: DropSnowflakeIdFunctionOp) -> str:
+    autogen_context.imports.add(_IMPORT)
+    if op.layout is not None:
+        autogen_context.imports.add("import snowflake_db")
+    positional = () if op.name == "snowflake_next_id" else (op.name,)
+    return f"op.drop_snowflake_id_function({_args(*positional, **op._keywords())})"
+

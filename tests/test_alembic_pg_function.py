@@ -1,0 +1,225 @@
+"""The PostgreSQL ``snowflake_next_id()`` server default: same layout as the application, a
+permanently reserved worker slot, and no duplicates when many sessions insert at once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic import command
+from alembic.migration import MigrationContext
+from alembic.operations import Operations
+from sqlalchemy import MetaData, create_engine, select, text
+from sqlalchemy.engine import Engine
+
+import snowflake_db
+import snowflake_db.alembic
+from snowflake_db import Layout
+from snowflake_db.worker.schema import worker_tables
+from tests.plugins.databases import ScratchDatabase
+from tests.test_alembic_migrations import INITIAL, make_project, write_revision
+
+APP_WORKER = 4
+LAYOUT = Layout()
+#: 4 IDs per tick: the function runs out of sequence values constantly and must wait.
+TINY = Layout(time_bits=41, worker_bits=10, sequence_bits=2)
+
+
+@pytest.fixture(autouse=True)
+def configured() -> Iterator[None]:
+    snowflake_db.configure(worker_id=APP_WORKER)
+    yield
+    snowflake_db.reset()
+
+
+def _slots(engine: Engine) -> list[Any]:
+    slots = worker_tables(MetaData()).slots
+    with engine.connect() as conn:
+        return list(conn.execute(select(slots).order_by(slots.c.worker_id)).mappings())
+
+
+def _run_ops(engine: Engine, action: Any) -> None:
+    with engine.begin() as conn:
+        action(Operations(MigrationContext.configure(conn)))
+
+
+def test_migration_installs_function_as_server_default(
+    postgres_db: ScratchDatabase, tmp_path: Path
+) -> None:
+    config = make_project(tmp_path, postgres_db)
+    write_revision(
+        config,
+        "r1",
+        None,
+        INITIAL,
+        "op.drop_table('notes')\nop.drop_table('order_items')\nop.drop_table('orders')",
+    )
+    write_revision(
+        config,
+        "r2",
+        "r1",
+        """
+        op.create_snowflake_worker_tables()
+        op.create_snowflake_id_function()
+        op.convert_to_snowflake_pk("orders", server_default="snowflake_next_id()")
+        """,
+        """
+        op.revert_snowflake_pk("orders")
+        op.drop_snowflake_id_function()
+        op.drop_snowflake_worker_tables()
+        """,
+    )
+    command.upgrade(config, "head")
+    engine = create_engine(postgres_db.url)
+    try:
+        (slot,) = _slots(engine)
+        assert slot["label"].startswith("postgresql-function:") and slot["expires_at_ms"] is None
+        assert slot["lease_token"] and slot["worker_id"] == LAYOUT.max_worker_id
+        with engine.begin() as conn:
+            server_ids = list(
+                conn.scalars(
+                    text(
+                        "INSERT INTO orders (customer) SELECT 'sql' FROM generate_series(1, 500) "
+                        "RETURNING id"
+                    )
+                )
+            )
+            app_id = snowflake_db.snowflake_default()
+            conn.execute(
+                text("INSERT INTO orders (id, customer) VALUES (:i, 'app')"), {"i": app_id}
+            )
+            conn.execute(
+                text("INSERT INTO order_items (order_id) VALUES (:i)"), {"i": server_ids[0]}
+            )
+            default = conn.scalar(
+                text(
+                    "SELECT column_default FROM information_schema.columns "
+                    "WHERE table_name = 'orders' AND column_name = 'id'"
+                )
+            )
+        assert default == "snowflake_next_id()"
+        assert server_ids == sorted(server_ids) and len(set(server_ids)) == 500
+        assert {LAYOUT.decode(i).worker_id for i in server_ids} == {LAYOUT.max_worker_id}
+        assert LAYOUT.decode(app_id).worker_id == APP_WORKER
+        # the application's allocator can never take the reserved slot: it is not expired
+        assert _slots(engine)[0]["lease_token"] == slot["lease_token"]
+
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM order_items WHERE order_id > 2147483647"))
+            conn.execute(text("DELETE FROM orders WHERE id > 2147483647"))
+        command.downgrade(config, "r1")
+        with engine.connect() as conn:
+            assert (
+                conn.scalar(
+                    text("SELECT count(*) FROM pg_proc WHERE proname = 'snowflake_next_id'")
+                )
+                == 0
+            )
+            assert (
+                conn.scalar(
+                    text("SELECT count(*) FROM pg_class WHERE relname = 'snowflake_next_id_state'")
+                )
+                == 0
+            )
+            assert conn.scalar(text("SELECT to_regclass('snowflake_worker_slots')")) is None
+    finally:
+        engine.dispose()
+
+
+def test_concurrent_sessions_never_duplicate(postgres_db: ScratchDatabase) -> None:
+    engine = create_engine(postgres_db.url, pool_size=8)
+    _run_ops(engine, lambda op: op.create_snowflake_worker_tables())
+    _run_ops(engine, lambda op: op.create_snowflake_id_function())
+    _run_ops(engine, lambda op: op.create_snowflake_id_function("tiny_next_id", layout=TINY))
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "CREATE TABLE events (id bigint PRIMARY KEY DEFAULT snowflake_next_id(), "
+                "tiny bigint NOT NULL UNIQUE DEFAULT tiny_next_id(), who text)"
+            )
+        )
+    (big_slot, tiny_slot) = sorted(_slots(engine), key=lambda s: -s["worker_id"])
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(6)
+
+    def sql_writer(n: int) -> None:
+        try:
+            with engine.connect() as conn:
+                barrier.wait()
+                with conn.begin():  # a long transaction holding its rows while others insert
+                    for _ in range(10):
+                        conn.execute(
+                            text(
+                                "INSERT INTO events (who) SELECT 'sql' FROM generate_series(1, 60)"
+                            )
+                        )
+                    for _ in range(40):
+                        conn.execute(text("INSERT INTO events (who) VALUES ('sql1')"))
+        except BaseException as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    def app_writer() -> None:
+        try:
+            with engine.connect() as conn:
+                barrier.wait()
+                for _ in range(10):
+                    with conn.begin():
+                        rows = [{"id": snowflake_db.snowflake_default()} for _ in range(50)]
+                        conn.execute(text("INSERT INTO events (id, who) VALUES (:id, 'app')"), rows)
+        except BaseException as error:  # pragma: no cover
+            errors.append(error)
+
+    threads = [threading.Thread(target=sql_writer, args=(i,)) for i in range(4)]
+    threads += [threading.Thread(target=app_writer) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    try:
+        assert not errors, errors
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT id, tiny, who FROM events")).all()
+        assert len(rows) == 4 * (600 + 40) + 2 * 500
+        ids = [r.id for r in rows]
+        assert len(set(ids)) == len(ids)  # also enforced by the primary key
+        server = [r.id for r in rows if r.who != "app"]
+        app = [r.id for r in rows if r.who == "app"]
+        assert {LAYOUT.decode(i).worker_id for i in server} == {big_slot["worker_id"]}
+        assert {LAYOUT.decode(i).worker_id for i in app} == {APP_WORKER}
+        assert not set(server) & set(app)
+        tiny = [r.tiny for r in rows]
+        assert len(set(tiny)) == len(tiny)
+        decoded = [TINY.decode(i) for i in tiny]
+        assert {d.worker_id for d in decoded} == {tiny_slot["worker_id"]}
+        assert max(d.sequence for d in decoded) == TINY.max_sequence  # ticks were used up
+    finally:
+        engine.dispose()
+
+
+def test_function_starts_above_the_slot_high_water_mark(postgres_db: ScratchDatabase) -> None:
+    engine = create_engine(postgres_db.url)
+    try:
+        _run_ops(engine, lambda op: op.create_snowflake_worker_tables())
+        slots = worker_tables(MetaData()).slots
+        with engine.begin() as conn:
+            now_ms = conn.scalar(
+                text("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+            )
+            # a previous holder of the top slot reserved time up to 500 ms ahead
+            conn.execute(
+                slots.insert().values(worker_id=LAYOUT.max_worker_id, high_water_ms=now_ms + 500)
+            )
+        _run_ops(engine, lambda op: op.create_snowflake_id_function())
+        with engine.connect() as conn:
+            first = conn.scalar(text("SELECT snowflake_next_id()"))
+        assert LAYOUT.decode(first).timestamp_ms > now_ms + 500
+        # dropping the function frees the slot and records how far it got
+        _run_ops(engine, lambda op: op.drop_snowflake_id_function())
+        (slot,) = _slots(engine)
+        assert slot["lease_token"] is None and slot["label"] is None
+        assert slot["high_water_ms"] >= LAYOUT.decode(first).timestamp_ms
+    finally:
+        engine.dispose()
