@@ -18,6 +18,7 @@ from sqlalchemy.engine import Engine
 import snowflake_db
 import snowflake_db.alembic
 from snowflake_db import Layout
+from snowflake_db.alembic import _pg_function
 from snowflake_db.worker.schema import worker_tables
 from tests.plugins.databases import ScratchDatabase
 from tests.test_alembic_migrations import INITIAL, make_project, write_revision
@@ -199,8 +200,9 @@ def test_concurrent_sessions_never_duplicate(postgres_db: ScratchDatabase) -> No
         engine.dispose()
 
 
-def test_function_starts_above_the_slot_high_water_mark(postgres_db: ScratchDatabase) -> None:
+def test_reservation_respects_high_water_marks(postgres_db: ScratchDatabase) -> None:
     engine = create_engine(postgres_db.url)
+    top = LAYOUT.max_worker_id
     try:
         _run_ops(engine, lambda op: op.create_snowflake_worker_tables())
         slots = worker_tables(MetaData()).slots
@@ -208,18 +210,67 @@ def test_function_starts_above_the_slot_high_water_mark(postgres_db: ScratchData
             now_ms = conn.scalar(
                 text("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint")
             )
-            # a previous holder of the top slot reserved time up to 500 ms ahead
-            conn.execute(
-                slots.insert().values(worker_id=LAYOUT.max_worker_id, high_water_ms=now_ms + 500)
-            )
+            # a previous holder of the top slot reserved time up to 5 s ahead: not usable yet
+            conn.execute(slots.insert().values(worker_id=top, high_water_ms=now_ms + 5000))
         _run_ops(engine, lambda op: op.create_snowflake_id_function())
+        reserved = [s for s in _slots(engine) if s["label"]]
+        assert [s["worker_id"] for s in reserved] == [top - 1]
         with engine.connect() as conn:
             first = conn.scalar(text("SELECT snowflake_next_id()"))
-        assert LAYOUT.decode(first).timestamp_ms > now_ms + 500
+        assert LAYOUT.decode(first).worker_id == top - 1
+
+        # a function started from a floor 300 ms ahead waits and issues only above it
+        spec = _pg_function.FunctionSpec("floor_next_id", None)
+        start = _pg_function.floor_id(LAYOUT, 5, now_ms + 300)
+        with engine.begin() as conn:
+            for statement in _pg_function.create_function_sql(
+                spec, layout=LAYOUT, worker_id=5, start_after=start
+            ):
+                conn.execute(text(statement))
+            floored = conn.scalar(text("SELECT floor_next_id()"))
+        assert LAYOUT.decode(floored).timestamp_ms > now_ms + 300
+
         # dropping the function frees the slot and records how far it got
         _run_ops(engine, lambda op: op.drop_snowflake_id_function())
-        (slot,) = _slots(engine)
+        slot = next(s for s in _slots(engine) if s["worker_id"] == top - 1)
         assert slot["lease_token"] is None and slot["label"] is None
-        assert slot["high_water_ms"] >= LAYOUT.decode(first).timestamp_ms
+        assert slot["high_water_ms"] > LAYOUT.decode(first).timestamp_ms
     finally:
+        engine.dispose()
+
+
+def test_slot_reserved_in_a_separate_control_database(database_factory: Any) -> None:
+    app_db: ScratchDatabase = database_factory("postgresql")
+    control_db: ScratchDatabase = database_factory("postgresql")
+    control = create_engine(control_db.url)
+    engine = create_engine(app_db.url)
+    try:
+        _run_ops(control, lambda op: op.create_snowflake_worker_tables())
+
+        def create(op: Operations) -> None:
+            op.create_snowflake_id_function(control_url=control_db.url_string)
+
+        _run_ops(engine, create)
+        # a migration that failed after reserving (its DDL rolled back) runs again: the
+        # reservation made in the control database is found by its label, not repeated
+        with engine.begin() as conn:
+            for statement in _pg_function.drop_function_sql(
+                _pg_function.FunctionSpec("snowflake_next_id", None)
+            ):
+                conn.execute(text(statement))
+        _run_ops(engine, create)
+        (slot,) = [s for s in _slots(control) if s["lease_token"]]
+        assert slot["expires_at_ms"] is None and slot["label"].endswith("public.snowflake_next_id")
+        with engine.connect() as conn:
+            ids = [conn.scalar(text("SELECT snowflake_next_id()")) for _ in range(20)]
+        assert {LAYOUT.decode(i).worker_id for i in ids} == {slot["worker_id"]}
+        _run_ops(
+            engine,
+            lambda op: op.drop_snowflake_id_function(control_url=control_db.url_string),
+        )
+        (freed,) = [s for s in _slots(control) if s["worker_id"] == slot["worker_id"]]
+        assert freed["lease_token"] is None
+        assert freed["high_water_ms"] >= LAYOUT.decode(max(ids)).timestamp_ms
+    finally:
+        control.dispose()
         engine.dispose()

@@ -207,7 +207,8 @@ def reserve_slot(
     Idempotent: a slot already reserved under ``label`` is returned again. The claim is a
     conditional UPDATE of a free or expired slot, or an INSERT that a primary-key conflict
     turns into a no-op, so two reservations never share a slot. Slots are tried from the
-    highest worker ID down, away from the low IDs that application processes usually get.
+    highest worker ID down (as the allocator's ``reserve_worker_id`` does); the function still
+    starts above the slot's high-water mark.
     """
     slots = worker_tables(MetaData(), slots_table=slots_table, schema=schema).slots
     c = slots.c
@@ -219,12 +220,15 @@ def reserve_slot(
     if row is not None:
         return int(row.worker_id), int(row.high_water_ms)
     now = db_now_ms(conn)
-    rows = conn.execute(select(c.worker_id, c.lease_token, c.expires_at_ms)).all()
+    rows = conn.execute(select(c.worker_id, c.lease_token, c.expires_at_ms, c.high_water_ms)).all()
     present = {r.worker_id for r in rows}
-    live = {
+    # Skip held slots, and (like the allocator) slots whose high-water mark is still ahead of
+    # the database clock: the function would have to wait for it.
+    unusable = {
         r.worker_id
         for r in rows
-        if r.lease_token is not None and (r.expires_at_ms is None or r.expires_at_ms >= now)
+        if (r.lease_token is not None and (r.expires_at_ms is None or r.expires_at_ms >= now))
+        or r.high_water_ms > now
     }
     values = {
         "lease_token": secrets.token_hex(16),
@@ -237,7 +241,7 @@ def reserve_slot(
         "expires_at_ms": None,
     }
     for worker_id in range(layout.max_worker_id, -1, -1):
-        if worker_id in live:
+        if worker_id in unusable:
             continue
         if worker_id in present:
             conn.execute(
@@ -279,6 +283,44 @@ def _insert_ignoring_conflict(conn: Connection, slots: Table) -> Executable:
     return insert(slots).prefix_with("IGNORE")
 
 
+#: How far past the database clock a released slot's high-water mark is set (as the allocator
+#: does): the function issued with the database clock, the next holder starts above it.
+RELEASE_MARGIN_MS = 1000
+
+
+def raise_high_water(
+    conn: Connection,
+    *,
+    label: str,
+    layout: Layout,
+    last_id: int | None,
+    slots_table: str = DEFAULT_SLOTS_TABLE,
+    schema: str | None = None,
+    margin_ms: int = RELEASE_MARGIN_MS,
+) -> int | None:
+    """Raise the reserved slot's high-water mark past ``last_id`` and the database clock;
+    returns the slot's worker ID (``None`` if nothing is reserved under ``label``)."""
+    slots = worker_tables(MetaData(), slots_table=slots_table, schema=schema).slots
+    c = slots.c
+    row = conn.execute(
+        select(c.worker_id, c.high_water_ms).where(
+            c.label == label, c.lease_token.is_not(None), c.expires_at_ms.is_(None)
+        )
+    ).first()
+    if row is None:
+        return None
+    high_water = max(int(row.high_water_ms), db_now_ms(conn) + margin_ms)
+    if last_id is not None:
+        tick = last_id >> layout.time_shift
+        high_water = max(high_water, layout.tick_start_ms(tick) + layout.tick_ms - 1)
+    conn.execute(
+        update(slots)
+        .where(c.worker_id == row.worker_id, c.label == label)
+        .values(high_water_ms=high_water)
+    )
+    return int(row.worker_id)
+
+
 def release_slot(
     conn: Connection,
     *,
@@ -288,24 +330,16 @@ def release_slot(
     slots_table: str = DEFAULT_SLOTS_TABLE,
     schema: str | None = None,
 ) -> int | None:
-    """Free the slot reserved under ``label``, raising its high-water mark past ``last_id``."""
-    slots = worker_tables(MetaData(), slots_table=slots_table, schema=schema).slots
-    c = slots.c
-    row = conn.execute(
-        select(c.worker_id, c.high_water_ms).where(c.label == label, c.expires_at_ms.is_(None))
-    ).first()
-    if row is None:
+    """Free the slot reserved under ``label`` after raising its high-water mark."""
+    worker_id = raise_high_water(
+        conn, label=label, layout=layout, last_id=last_id, slots_table=slots_table, schema=schema
+    )
+    if worker_id is None:
         return None
-    high_water = int(row.high_water_ms)
-    if last_id is not None:
-        tick = last_id >> layout.time_shift
-        high_water = max(high_water, layout.tick_start_ms(tick) + layout.tick_ms - 1)
+    slots = worker_tables(MetaData(), slots_table=slots_table, schema=schema).slots
     conn.execute(
         update(slots)
-        .where(c.worker_id == row.worker_id, c.label == label)
-        .values(
-            lease_token=None, label=None, expires_at_ms=None, high_water_ms=high_water,
-            hostname=None, pid=None,
-        )
+        .where(slots.c.worker_id == worker_id, slots.c.label == label)
+        .values(lease_token=None, label=None, expires_at_ms=None, hostname=None, pid=None)
     )
-    return int(row.worker_id)
+    return worker_id

@@ -324,6 +324,7 @@ class CreateSnowflakeIdFunctionOp(MigrateOperation):
         label: str | None = None,
         control_url: str | None = None,
         slots_table: str = DEFAULT_SLOTS_TABLE,
+        registrations_table: str = DEFAULT_REGISTRATIONS_TABLE,
         slots_schema: str | None = None,
         rollback_tolerance_ms: int = DEFAULT_ROLLBACK_TOLERANCE_MS,
     ) -> None:
@@ -334,6 +335,7 @@ class CreateSnowflakeIdFunctionOp(MigrateOperation):
         self.label = label
         self.control_url = control_url
         self.slots_table = slots_table
+        self.registrations_table = registrations_table
         self.slots_schema = slots_schema
         self.rollback_tolerance_ms = rollback_tolerance_ms
 
@@ -348,6 +350,7 @@ class CreateSnowflakeIdFunctionOp(MigrateOperation):
         label: str | None = None,
         control_url: str | None = None,
         slots_table: str = DEFAULT_SLOTS_TABLE,
+        registrations_table: str = DEFAULT_REGISTRATIONS_TABLE,
         slots_schema: str | None = None,
         rollback_tolerance_ms: int = DEFAULT_ROLLBACK_TOLERANCE_MS,
     ) -> None:
@@ -366,6 +369,7 @@ class CreateSnowflakeIdFunctionOp(MigrateOperation):
                 label=label,
                 control_url=control_url,
                 slots_table=slots_table,
+                registrations_table=registrations_table,
                 slots_schema=slots_schema,
                 rollback_tolerance_ms=rollback_tolerance_ms,
             )
@@ -379,6 +383,7 @@ class CreateSnowflakeIdFunctionOp(MigrateOperation):
             label=self.label,
             control_url=self.control_url,
             slots_table=self.slots_table,
+            registrations_table=self.registrations_table,
             slots_schema=self.slots_schema,
         )
 
@@ -390,6 +395,9 @@ class CreateSnowflakeIdFunctionOp(MigrateOperation):
             "label": self.label,
             "control_url": self.control_url,
             "slots_table": None if self.slots_table == DEFAULT_SLOTS_TABLE else self.slots_table,
+            "registrations_table": None
+            if self.registrations_table == DEFAULT_REGISTRATIONS_TABLE
+            else self.registrations_table,
             "slots_schema": self.slots_schema,
         }
 
@@ -407,6 +415,7 @@ class DropSnowflakeIdFunctionOp(MigrateOperation):
         label: str | None = None,
         control_url: str | None = None,
         slots_table: str = DEFAULT_SLOTS_TABLE,
+        registrations_table: str = DEFAULT_REGISTRATIONS_TABLE,
         slots_schema: str | None = None,
         release_worker: bool = True,
     ) -> None:
@@ -417,6 +426,7 @@ class DropSnowflakeIdFunctionOp(MigrateOperation):
         self.label = label
         self.control_url = control_url
         self.slots_table = slots_table
+        self.registrations_table = registrations_table
         self.slots_schema = slots_schema
         self.release_worker = release_worker
 
@@ -431,6 +441,7 @@ class DropSnowflakeIdFunctionOp(MigrateOperation):
         label: str | None = None,
         control_url: str | None = None,
         slots_table: str = DEFAULT_SLOTS_TABLE,
+        registrations_table: str = DEFAULT_REGISTRATIONS_TABLE,
         slots_schema: str | None = None,
         release_worker: bool = True,
     ) -> None:
@@ -447,6 +458,7 @@ class DropSnowflakeIdFunctionOp(MigrateOperation):
                 label=label,
                 control_url=control_url,
                 slots_table=slots_table,
+                registrations_table=registrations_table,
                 slots_schema=slots_schema,
                 release_worker=release_worker,
             )
@@ -460,6 +472,7 @@ class DropSnowflakeIdFunctionOp(MigrateOperation):
             label=self.label,
             control_url=self.control_url,
             slots_table=self.slots_table,
+            registrations_table=self.registrations_table,
             slots_schema=self.slots_schema,
         )
 
@@ -471,6 +484,9 @@ class DropSnowflakeIdFunctionOp(MigrateOperation):
             "label": self.label,
             "control_url": self.control_url,
             "slots_table": None if self.slots_table == DEFAULT_SLOTS_TABLE else self.slots_table,
+            "registrations_table": None
+            if self.registrations_table == DEFAULT_REGISTRATIONS_TABLE
+            else self.registrations_table,
             "slots_schema": self.slots_schema,
             "release_worker": None if self.release_worker else False,
         }
@@ -489,32 +505,91 @@ def _postgresql_bind(operations: Operations, what: str) -> Connection:
     return bind
 
 
-def _with_control(
-    bind: Connection, control_url: str | None, action: Any
-) -> Any:
-    """Run ``action(conn)`` on the control database: here, or in its own committed transaction."""
-    if control_url is None:
-        return action(bind)
-    engine = create_engine(control_url)
+def _label(op: CreateSnowflakeIdFunctionOp | DropSnowflakeIdFunctionOp, bind: Connection) -> str:
+    return op.label or op.spec.default_label(bind.engine.url.database)
+
+
+def _reserve(
+    bind: Connection, op: CreateSnowflakeIdFunctionOp, layout: Layout
+) -> tuple[int, int]:
+    """Reserve the function's worker slot; return ``(worker_id, high_water_ms)``.
+
+    In this database the reservation runs in the migration's transaction (the worker tables
+    may have been created by the same migration, invisible to any other connection). In a
+    separate control database it goes through the allocator's own reservation API.
+    """
+    label = _label(op, bind)
+    if op.control_url is None:
+        return _pg_function.reserve_slot(
+            bind, label=label, layout=layout, slots_table=op.slots_table, schema=op.slots_schema
+        )
+    from ..worker import TableWorkerAllocator
+
+    allocator = TableWorkerAllocator(
+        op.control_url,
+        slots_table=op.slots_table,
+        registrations_table=op.registrations_table,
+        schema=op.slots_schema,
+    )
     try:
-        with engine.begin() as conn:
-            return action(conn)
+        for row in allocator.workers():
+            if row.reserved and row.label == label:  # re-run of a failed migration
+                return row.worker_id, row.high_water_ms
+        worker_id = allocator.reserve_worker_id(label, layout=layout)
+        rows = {row.worker_id: row for row in allocator.workers()}
+        return worker_id, rows[worker_id].high_water_ms
+    finally:
+        allocator.close()
+
+
+def _release(
+    bind: Connection, op: DropSnowflakeIdFunctionOp, layout: Layout, last_id: int | None
+) -> None:
+    label = _label(op, bind)
+    if op.control_url is None:
+        _pg_function.release_slot(
+            bind,
+            label=label,
+            layout=layout,
+            last_id=last_id,
+            slots_table=op.slots_table,
+            schema=op.slots_schema,
+        )
+        return
+    from ..worker import TableWorkerAllocator
+
+    engine = create_engine(op.control_url)
+    try:
+        with engine.begin() as conn:  # the database clocks may differ: record the last ID too
+            worker_id = _pg_function.raise_high_water(
+                conn,
+                label=label,
+                layout=layout,
+                last_id=last_id,
+                slots_table=op.slots_table,
+                schema=op.slots_schema,
+            )
     finally:
         engine.dispose()
+    if worker_id is None:
+        return
+    allocator = TableWorkerAllocator(
+        op.control_url,
+        slots_table=op.slots_table,
+        registrations_table=op.registrations_table,
+        schema=op.slots_schema,
+    )
+    try:
+        allocator.release_reserved(worker_id, label=label)
+    finally:
+        allocator.close()
 
 
 @Operations.implementation_for(CreateSnowflakeIdFunctionOp)
 def _create_function(operations: Operations, op: CreateSnowflakeIdFunctionOp) -> None:
     bind = _postgresql_bind(operations, "create_snowflake_id_function")
     layout = op.layout or DEFAULT_LAYOUT
-    label = op.label or op.spec.default_label(bind.engine.url.database)
-    worker_id, high_water_ms = _with_control(
-        bind,
-        op.control_url,
-        lambda conn: _pg_function.reserve_slot(
-            conn, label=label, layout=layout, slots_table=op.slots_table, schema=op.slots_schema
-        ),
-    )
+    worker_id, high_water_ms = _reserve(bind, op, layout)
     statements = _pg_function.create_function_sql(
         op.spec,
         layout=layout,
@@ -530,23 +605,11 @@ def _create_function(operations: Operations, op: CreateSnowflakeIdFunctionOp) ->
 def _drop_function(operations: Operations, op: DropSnowflakeIdFunctionOp) -> None:
     bind = _postgresql_bind(operations, "drop_snowflake_id_function")
     layout = op.layout or DEFAULT_LAYOUT
-    label = op.label or op.spec.default_label(bind.engine.url.database)
     last_id = _pg_function.last_issued_id(bind, op.spec)
     for statement in _pg_function.drop_function_sql(op.spec):
         operations.execute(text(statement))
     if op.release_worker:
-        _with_control(
-            bind,
-            op.control_url,
-            lambda conn: _pg_function.release_slot(
-                conn,
-                label=label,
-                layout=layout,
-                last_id=last_id,
-                slots_table=op.slots_table,
-                schema=op.slots_schema,
-            ),
-        )
+        _release(bind, op, layout, last_id)
 
 
 @renderers.dispatch_for(CreateSnowflakeIdFunctionOp)
