@@ -12,7 +12,6 @@ All keys are optional::
         "ALLOCATOR_OPTIONS": {},        # more TableWorkerAllocator keyword arguments
         "GENERATOR_OPTIONS": {},        # more SnowflakeGenerator keyword arguments
         "ENGINE_URL": None,             # SQLAlchemy URL overriding the one built from DATABASES
-        "ENGINE_OPTIONS": {},           # create_engine() arguments (manage.py snowflake only)
     }
 """
 
@@ -43,7 +42,6 @@ KNOWN_KEYS = frozenset(
         "ALLOCATOR_OPTIONS",
         "GENERATOR_OPTIONS",
         "ENGINE_URL",
-        "ENGINE_OPTIONS",
     }
 )
 
@@ -60,7 +58,6 @@ class SnowflakeSettings:
     allocator_options: dict[str, Any] = field(default_factory=dict)
     generator_options: dict[str, Any] = field(default_factory=dict)
     engine_url: str | None = None
-    engine_options: dict[str, Any] = field(default_factory=dict)
 
 
 def _fail(message: str) -> ImproperlyConfigured:
@@ -157,7 +154,6 @@ def parse(raw: object) -> SnowflakeSettings:
         allocator_options=_options(raw, "ALLOCATOR_OPTIONS"),
         generator_options=_options(raw, "GENERATOR_OPTIONS"),
         engine_url=engine_url,
-        engine_options=_options(raw, "ENGINE_OPTIONS"),
     )
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -23,7 +22,7 @@ from ..process import configure
 from .conf import SnowflakeSettings, get_settings
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import URL, Engine
+    from sqlalchemy.engine import URL
 
     from ..clock import Clock
     from ..layout import Layout
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DjangoTableWorkerAllocator",
     "configure_from_settings",
-    "control_engine",
     "sqlalchemy_url",
 ]
 
@@ -97,34 +95,6 @@ def sqlalchemy_url(alias: str) -> URL:
     )
 
 
-_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
-
-
-def control_engine(alias: str | None = None, conf: SnowflakeSettings | None = None) -> Engine:
-    """A new SQLAlchemy engine for the control database (``ENGINE_URL`` wins if set).
-
-    Used by ``manage.py snowflake``; the allocator builds its own engines from the same URL.
-    """
-    from sqlalchemy import create_engine
-
-    conf = conf or get_settings()
-    url: str | URL = conf.engine_url or sqlalchemy_url(alias or conf.control_database)
-    options: dict[str, Any] = {"pool_pre_ping": True, **conf.engine_options}
-    engine = create_engine(url, **options)
-    _engines.add(engine)
-    return engine
-
-
-def _forget_pooled_connections_in_child() -> None:
-    # A forked child must not use (or close) the parent's pooled sockets:
-    # https://docs.sqlalchemy.org/en/20/core/pooling.html#using-connection-pools-with-multiprocessing-or-os-fork
-    for engine in list(_engines):
-        engine.dispose(close=False)
-
-
-os.register_at_fork(after_in_child=_forget_pooled_connections_in_child)
-
-
 class DjangoTableWorkerAllocator:
     """A :class:`~snowflake_db.lease.WorkerAllocator` that builds its table allocator lazily.
 
@@ -160,6 +130,13 @@ class DjangoTableWorkerAllocator:
     def acquire(self, *, layout: Layout, clock: Clock) -> WorkerLease:
         lease: WorkerLease = self.allocator.acquire(layout=layout, clock=clock)
         return lease
+
+    def close(self) -> None:
+        """Release this process's leases and close the allocator's connections."""
+        with self._lock:
+            allocator, self._allocator = self._allocator, None
+        if allocator is not None:
+            allocator.close()
 
     def __repr__(self) -> str:
         alias = self.alias or get_settings().control_database

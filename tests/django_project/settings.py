@@ -8,6 +8,7 @@ concurrent test runs never share one. ``UNAVAILABLE`` records why a backend is m
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import uuid
@@ -65,7 +66,10 @@ TEMPLATES = [
 
 # The tests configure snowflake_db themselves (fixtures), so importing Django here never
 # changes the process-wide generator that the core tests in the same pytest run rely on.
-SNOWFLAKE_DB: dict[str, Any] = {"WORKER_SOURCE": "manual"}
+# Subprocess tests pass another value as JSON in SNOWFLAKE_DJANGO_TEST_SETTING.
+SNOWFLAKE_DB: dict[str, Any] = json.loads(
+    os.environ.get("SNOWFLAKE_DJANGO_TEST_SETTING") or '{"WORKER_SOURCE": "manual"}'
+)
 
 # Tests pick a backend per test: the router sends every query to that alias.
 DATABASE_ROUTERS = ["tests.django_project.routers.ActiveAliasRouter"]
@@ -116,6 +120,8 @@ DATABASES: dict[str, dict[str, Any]] = {
         # A file, not the in-memory default: forked children and the worker allocator's own
         # SQLAlchemy engine must see the same database.
         "TEST": {"NAME": str(WORK_DIR / "test_default.sqlite3")},
+        # Forked children write concurrently: wait for the file lock rather than fail.
+        "OPTIONS": {"timeout": 60},
     }
 }
 for _backend, _engine in (

@@ -6,8 +6,8 @@
     manage.py snowflake leases [--json]      # every worker slot on the control database
     manage.py snowflake reap [--dry-run]     # free leases the database clock says expired
 
-Leases are read and reaped with the table allocator's own statements
-(:class:`snowflake_db.worker.store.WorkerStore`), judged by the database clock. Slot rows are
+Leases are read and reaped by :class:`snowflake_db.worker.TableWorkerAllocator` itself,
+judged by the database clock. Slot rows are
 never deleted: they carry the high-water marks that make reusing a worker ID safe.
 """
 
@@ -22,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ....errors import SnowflakeError
 from ...conf import get_settings
-from ...worker import control_engine
+from ...worker import sqlalchemy_url
 
 
 def _when(ms: int | None) -> str:
@@ -82,24 +82,27 @@ class Command(BaseCommand):
                 f"sequence={row['sequence']}  shard={row['shard']}"
             )
 
-    def _store(self, alias: str | None) -> tuple[Any, Any]:
+    def _allocator(self, alias: str | None) -> Any:
+        conf = get_settings()
+        alias = alias or conf.control_database
         try:
-            from ....worker.store import WorkerStore
-        except ImportError as error:
-            raise CommandError(str(error)) from None
-        try:
-            engine = control_engine(alias)
+            from ....worker import TableWorkerAllocator
+
+            url = conf.engine_url if conf.engine_url and alias == conf.control_database else (
+                sqlalchemy_url(alias)
+            )
+            return TableWorkerAllocator(url, create_tables=False)
         except (SnowflakeError, ImportError, NotImplementedError) as error:
             raise CommandError(str(error)) from None
-        return WorkerStore(), engine
 
     def _leases(self, alias: str | None, *, as_json: bool) -> None:
-        store, engine = self._store(alias)
+        allocator = self._allocator(alias)
         try:
-            with engine.connect() as connection:
-                slots = store.slots(connection)
+            slots = allocator.workers()
+        except SnowflakeError as error:
+            raise CommandError(str(error)) from None
         finally:
-            engine.dispose()
+            allocator.close()
         if as_json:
             self.stdout.write(
                 json.dumps(
@@ -137,20 +140,20 @@ class Command(BaseCommand):
             )
 
     def _reap(self, alias: str | None, *, dry_run: bool) -> None:
-        store, engine = self._store(alias)
+        allocator = self._allocator(alias)
         try:
             if dry_run:
-                with engine.connect() as connection:
-                    expired = [s.worker_id for s in store.slots(connection) if s.state == "expired"]
+                expired = [s.worker_id for s in allocator.workers() if s.state == "expired"]
                 self.stdout.write(
                     f"would reap {len(expired)} expired lease(s): "
                     f"{', '.join(map(str, expired)) or '-'}"
                 )
                 return
-            with engine.begin() as connection:
-                reaped = store.reap(connection)
+            reaped = allocator.reap()
+        except SnowflakeError as error:
+            raise CommandError(str(error)) from None
         finally:
-            engine.dispose()
+            allocator.close()
         self.stdout.write(
             f"reaped {len(reaped)} expired lease(s): {', '.join(map(str, reaped)) or '-'}"
         )
