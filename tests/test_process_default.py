@@ -6,9 +6,12 @@ time, long before anything is configured; every test here goes through it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from itertools import pairwise
 from typing import Any
@@ -212,6 +215,39 @@ def test_switching_worker_ids_back_and_forth_never_reissues_ids() -> None:
         following = snowflake_default()
     assert following not in issued
     assert following > max(i for i in issued if decode(i).worker_id == 5)
+
+
+def test_reconfiguring_while_other_threads_issue_never_duplicates() -> None:
+    """configure() replaces the generator while requests keep calling snowflake_default()."""
+    snowflake_db.configure(worker_id=5)
+    stop = threading.Event()
+    results: list[list[int]] = [[] for _ in range(3)]
+
+    def issue(index: int) -> None:
+        ids = results[index]
+        while not stop.is_set():
+            # A call racing the replacement may be refused; it must never repeat an ID.
+            with contextlib.suppress(GeneratorClosedError):
+                ids.append(snowflake_default())
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads often, so the replacement gets interleaved
+    threads = [threading.Thread(target=issue, args=(i,)) for i in range(3)]
+    try:
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            snowflake_db.configure(worker_id=5)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        sys.setswitchinterval(interval)
+    every = [i for ids in results for i in ids]
+    assert len(every) > 10_000
+    duplicates = len(every) - len(set(every))
+    assert duplicates == 0, f"{duplicates} duplicate IDs out of {len(every)}"
 
 
 def test_snowflake_default_from_many_threads() -> None:
