@@ -11,12 +11,23 @@ from typing import Any
 import pytest
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import BigInteger, Integer, create_engine, inspect, text
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    inspect,
+    text,
+)
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 import snowflake_db
 from snowflake_db.alembic import SnowflakeMigrationError
+from snowflake_db.sqlalchemy import snowflake_column, snowflake_fk_column
 from tests.plugins.databases import ScratchDatabase
 
 APP_WORKER = 12
@@ -44,6 +55,7 @@ else:
             target_metadata=target_metadata,
             render_as_batch=connection.dialect.name == "sqlite",
             include_object=include_object,
+            compare_server_default=config.attributes.get("compare_server_default", False),
         )
         with context.begin_transaction():
             context.run_migrations()
@@ -199,6 +211,46 @@ def _assert_snowflake_ddl(engine: Engine, backend: str) -> None:
         assert fks == [("fk_items_order", ("order_id",), "orders", "CASCADE")]
 
 
+def converted_models() -> MetaData:
+    """The models an application writes after the conversion, with the column helpers."""
+    metadata = MetaData()
+    Table(
+        "orders", metadata, snowflake_column("id"), Column("customer", String(50), nullable=False)
+    )
+    Table(
+        "order_items",
+        metadata,
+        Column("id", Integer, primary_key=True),
+        snowflake_fk_column(
+            "orders.id",
+            "order_id",
+            nullable=False,
+            constraint_name="fk_items_order",
+            ondelete="CASCADE",
+        ),
+        Column("note_of", Integer, nullable=True, server_default="0"),
+    )
+    Table(
+        "notes",
+        metadata,
+        Column("id", Integer, primary_key=True),
+        snowflake_fk_column(
+            "orders.id", "order_id", nullable=True, constraint_name="fk_notes_order"
+        ),
+    )
+    return metadata
+
+
+def _assert_models_match(config: Config) -> None:
+    """Autogenerate against the converted database and the helper models: nothing to do."""
+    config.attributes["target_metadata"] = converted_models()
+    script = command.revision(config, message="check", autogenerate=True)
+    assert script is not None and not isinstance(script, list)
+    source = Path(script.path).read_text()
+    Path(script.path).unlink()
+    assert "op." not in source.split("def upgrade")[1], source
+
+
 @pytest.mark.parametrize("backend", ["postgresql", "mariadb", "sqlite"])
 def test_convert_serial_key_with_children_and_back(
     backend: str, database_factory: Any, tmp_path: Path
@@ -227,6 +279,7 @@ def test_convert_serial_key_with_children_and_back(
         command.upgrade(config, "head")
         assert _snapshot(engine) == before
         _assert_snowflake_ddl(engine, backend)
+        _assert_models_match(config)
 
         # the application now inserts Snowflake IDs; children reference them
         new_id = snowflake_db.snowflake_default()

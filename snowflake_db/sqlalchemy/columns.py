@@ -86,25 +86,23 @@ def _mapped_bigint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> MappedColum
     return mapped_column(BigInteger(), *args, **kwargs)
 
 
-def _foreign_key(target: str | Column[Any], fk_kwargs: dict[str, Any]) -> ForeignKey:
-    return ForeignKey(target, **fk_kwargs)
-
-
 def snowflake_fk_column(
     target: str | Column[Any],
     name: str | None = None,
     *args: SchemaItem,
     ondelete: str | None = None,
     onupdate: str | None = None,
+    constraint_name: str | None = None,
     **kwargs: Any,
 ) -> Column[int]:
     """A ``BIGINT`` column with a foreign key to a Snowflake ID (``"orders.id"``).
 
     A foreign key column must be as wide as the ID it holds; ``Integer`` would overflow.
+    ``constraint_name``, ``ondelete`` and ``onupdate`` go to the ``ForeignKey``.
     """
     info = dict(kwargs.pop("info", None) or {})
     info[SNOWFLAKE_INFO_KEY] = "fk"
-    fk = _foreign_key(target, {"ondelete": ondelete, "onupdate": onupdate})
+    fk = ForeignKey(target, name=constraint_name, ondelete=ondelete, onupdate=onupdate)
     if name is None:
         return Column(BigInteger(), fk, *args, info=info, **kwargs)
     return Column(name, BigInteger(), fk, *args, info=info, **kwargs)
@@ -115,13 +113,14 @@ def snowflake_fk_mapped_column(
     *args: Any,
     ondelete: str | None = None,
     onupdate: str | None = None,
+    constraint_name: str | None = None,
     **kwargs: Any,
 ) -> MappedColumn[int]:
     """The ORM form of :func:`snowflake_fk_column`:
     ``order_id: Mapped[int] = snowflake_fk_mapped_column("orders.id")``."""
     info = dict(kwargs.pop("info", None) or {})
     info[SNOWFLAKE_INFO_KEY] = "fk"
-    fk = _foreign_key(target, {"ondelete": ondelete, "onupdate": onupdate})
+    fk = ForeignKey(target, name=constraint_name, ondelete=ondelete, onupdate=onupdate)
     return _mapped_bigint((*args, fk), {"info": info, **kwargs})
 
 
