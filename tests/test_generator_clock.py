@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from snowflake_db import (
     DEFAULT_EPOCH_MS,
@@ -35,6 +37,7 @@ from snowflake_db import (
     WorkerLeaseError,
 )
 from snowflake_db.testing import DEFAULT_FAKE_START_MS, FakeClock
+from tests.test_layout import boundary_ints, layouts
 
 T0 = DEFAULT_FAKE_START_MS
 NOW_MS = time.time_ns() // 1_000_000
@@ -115,6 +118,44 @@ def test_default_clock_follows_wall_time() -> None:
     first, last = decode(ids[0]), decode(ids[-1])
     assert before - 1000 <= first.timestamp_ms <= last.timestamp_ms <= after + 1000
     assert first.worker_id == last.worker_id == 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_generator_on_any_layout(data: st.DataObject) -> None:
+    """Each tick of a test-driven clock yields consecutive sequences of that tick, up to the
+    layout's last tick, then TimeExhaustedError: never a wrapped or out-of-range ID."""
+    layout = data.draw(layouts())
+    worker_id = data.draw(boundary_ints(0, layout.max_worker_id))
+    randomize = data.draw(st.booleans())
+    latest_start = max(layout.epoch_ms, layout.max_timestamp_ms - 20 * layout.tick_ms)
+    clock = FakeClock(data.draw(boundary_ints(layout.epoch_ms, latest_start)))
+    generator = SnowflakeGenerator(
+        worker_id, layout=layout, clock=clock, randomize_sequence_start=randomize
+    )
+    per_tick = max(1, min(200, layout.ids_per_tick // 2))
+    issued: list[int] = []
+    for _ in range(data.draw(st.integers(1, 8))):
+        tick_start = layout.tick_start_ms(layout.tick_of(clock.now_ms))
+        batch = (
+            generator.next_ids(per_tick)
+            if data.draw(st.booleans())
+            else [generator.next_id() for _ in range(per_tick)]
+        )
+        decoded = [layout.decode(i) for i in batch]
+        assert {d.timestamp_ms for d in decoded} == {tick_start}
+        assert {(d.worker_id, d.shard) for d in decoded} == {(worker_id, 0)}
+        first = decoded[0].sequence
+        assert [d.sequence for d in decoded] == list(range(first, first + per_tick))
+        assert randomize or first == 0
+        issued += batch
+        clock.advance(layout.tick_ms * data.draw(st.integers(1, 3)))
+        if clock.now_ms > layout.max_timestamp_ms:
+            with pytest.raises(TimeExhaustedError):
+                generator.next_id()
+            break
+    assert_strictly_increasing(issued)
+    assert all(0 <= i <= layout.max_id for i in issued)
 
 
 def test_frozen_clock_counts_up_one_tick() -> None:

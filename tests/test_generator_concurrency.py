@@ -7,10 +7,12 @@ the parent, so a failure in a child cannot go unnoticed.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing
 import os
 import pickle
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -56,10 +58,10 @@ def error_report(error: BaseException) -> dict[str, str]:
     return {"error": type(error).__name__, "message": str(error)}
 
 
-def run_in_fork(child: Callable[[], Any]) -> Any:
-    """Run ``child`` in an ``os.fork()`` child; return its result or a report of its exception."""
+def run_in_fork(child: Callable[[], Any], fork: Callable[[], int] = os.fork) -> Any:
+    """Run ``child`` in a forked child; return its result or a report of its exception."""
     read_fd, write_fd = os.pipe()
-    pid = os.fork()
+    pid = fork()
     if pid == 0:  # pragma: no cover - runs in the child, which never returns to pytest
         exit_code = 1
         try:
@@ -276,6 +278,27 @@ def test_forked_child_closing_an_inherited_generator_never_releases_the_parent_l
     outcome = run_in_fork(child)["result"]
     assert outcome == {"released": False, "acquired_again": False}
     assert generator.next_id() > 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks through glibc")
+def test_fork_that_skips_python_fork_hooks_is_caught_at_the_next_tick() -> None:
+    """uWSGI forks from C and runs Python's fork hooks only when told to (see README): the
+    process ID check must still refuse the inherited static worker ID from the next tick on."""
+    libc_fork = ctypes.CDLL(None, use_errno=True).fork
+    clock = FakeClock(DEFAULT_FAKE_START_MS)
+    generator = SnowflakeGenerator(5, clock=clock)
+    generator.next_ids(10)
+
+    def child() -> dict[str, str]:
+        clock.advance(1)
+        try:
+            generator.next_id()
+        except SnowflakeError as error:
+            return error_report(error)
+        return {"error": "none"}
+
+    outcome = run_in_fork(child, fork=libc_fork)["result"]
+    assert outcome["error"] == "ForkedWorkerIdError", outcome
 
 
 # -- multiprocessing ---------------------------------------------------------------------------
