@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from .._validate import require_int
 from ..clock import Clock, MonotonicClock
@@ -59,6 +59,8 @@ DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_MAX_FLOOR_WAIT_MS = 1000
 #: How many times the slot table is re-read when every claim of a round lost a race.
 _SCAN_ROUNDS = 3
+#: Registration inserts tried when the generated key collides with an existing row.
+_REGISTER_ATTEMPTS = 5
 #: Margin added to a released reservation's high-water mark (database clock), in ms.
 _RESERVATION_RELEASE_MARGIN_MS = 1000
 
@@ -131,10 +133,16 @@ class TableWorkerAllocator:
         timeout = min(10.0, max(1.0, self.lease_seconds / 3))
         try:
             self._engine = make_engine(
-                self.url, timeout_seconds=timeout, application_name=ALLOCATOR_APPLICATION_NAME
+                self.url,
+                timeout_seconds=timeout,
+                application_name=ALLOCATOR_APPLICATION_NAME,
+                pooled=False,
             )
             self._heartbeat_engine = make_engine(
-                self.url, timeout_seconds=timeout, application_name=HEARTBEAT_APPLICATION_NAME
+                self.url,
+                timeout_seconds=timeout,
+                application_name=HEARTBEAT_APPLICATION_NAME,
+                pooled=True,
             )
         except ModuleNotFoundError as error:
             raise ModuleNotFoundError(
@@ -286,10 +294,7 @@ class TableWorkerAllocator:
         self._require_tables()
         pid = os.getpid()
         with self._engine.connect() as connection:
-            with connection.begin():
-                registration_id = self.store.register(
-                    connection, hostname=self.hostname, pid=pid
-                )
+            registration_id = self._register(connection, pid)
             preferred = registration_id & layout.max_worker_id
             lease = self._try_slot(connection, preferred, registration_id, layout, clock)
             tally = _Tally()
@@ -312,6 +317,18 @@ class TableWorkerAllocator:
         self._heartbeat.add(lease)
         self._wait_for_floor(lease, clock)
         return lease
+
+    def _register(self, connection: Connection, pid: int) -> int:
+        """Insert a registration row; retry a few times if the generated key already exists
+        (a sequence reset by a restore, or reused auto-increment values)."""
+        for attempt in range(_REGISTER_ATTEMPTS):
+            try:
+                with connection.begin():
+                    return self.store.register(connection, hostname=self.hostname, pid=pid)
+            except IntegrityError:
+                if attempt == _REGISTER_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _try_slot(
         self,
@@ -437,10 +454,8 @@ class TableWorkerAllocator:
         self._require_tables()
         with self._engine.connect() as connection:
             with connection.begin():
-                registration_id = self.store.register(
-                    connection, hostname=self.hostname, pid=os.getpid()
-                )
                 rows = self.store.slots(connection)
+            registration_id = self._register(connection, os.getpid())
             by_id = {row.worker_id: row for row in rows}
             if worker_id is not None:
                 order = [worker_id]

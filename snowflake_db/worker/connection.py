@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
-from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -65,14 +65,24 @@ def check_supported(url: URL) -> None:
             )
 
 
-def make_engine(url: URL, *, timeout_seconds: float, application_name: str) -> Engine:
-    """A small private engine with driver timeouts, pre-ping and SQLite locking set up."""
+def make_engine(
+    url: URL, *, timeout_seconds: float, application_name: str, pooled: bool
+) -> Engine:
+    """A small private engine with driver timeouts, pre-ping and SQLite locking set up.
+
+    ``pooled=False`` (acquire, release, admin: rare) holds no idle connection, so a prefork
+    server with many workers keeps one connection per worker: the heartbeat's.
+    """
     backend = url.get_backend_name()
     driver = url.get_driver_name()
     query = url.query
     timeout = max(1, round(timeout_seconds))
     connect_args: dict[str, Any] = {}
-    options: dict[str, Any] = {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 2}
+    options: dict[str, Any] = (
+        {"pool_pre_ping": True, "pool_size": 1, "max_overflow": 1}
+        if pooled
+        else {"poolclass": NullPool}
+    )
     if backend == "postgresql":
         if "connect_timeout" not in query:
             connect_args["connect_timeout"] = timeout

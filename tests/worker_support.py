@@ -1,0 +1,72 @@
+"""Helpers shared by the ``test_worker_*`` files: short leases, direct reads of the tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.engine import URL
+
+from snowflake_db.worker import TableWorkerAllocator
+from snowflake_db.worker.store import SlotRow, WorkerStore, db_now_ms
+
+from .plugins.databases import ScratchDatabase
+
+#: Short leases keep the tests fast; timing margins stay generous for a busy 2-core machine.
+LEASE_SECONDS = 2.0
+
+
+def allocator(database: ScratchDatabase, **options: Any) -> TableWorkerAllocator:
+    options.setdefault("lease_seconds", LEASE_SECONDS)
+    return TableWorkerAllocator(database.url_string, **options)
+
+
+def read_slots(url: URL | str) -> dict[int, SlotRow]:
+    """The slot rows as another client sees them (own engine: only committed data)."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return {row.worker_id: row for row in WorkerStore().slots(connection)}
+    finally:
+        engine.dispose()
+
+
+def database_now_ms(url: URL | str) -> int:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return int(connection.execute(select(db_now_ms())).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def set_next_registration_id(database: ScratchDatabase, next_id: int) -> None:
+    """Move the registrations table's auto-increment so the next key is ``next_id``."""
+    table = "snowflake_worker_registrations"
+    engine = create_engine(database.url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as connection:
+            if database.backend == "postgresql":
+                connection.execute(
+                    text("SELECT setval(pg_get_serial_sequence(:t, 'id'), :v, false)"),
+                    {"t": table, "v": next_id},
+                )
+            elif database.backend == "mariadb":
+                # ALTER TABLE takes no bind parameters; next_id is an int we computed.
+                connection.execute(text(f"ALTER TABLE {table} AUTO_INCREMENT = {int(next_id)}"))
+            else:
+                connection.execute(
+                    text("UPDATE sqlite_sequence SET seq = :v WHERE name = :t"),
+                    {"t": table, "v": next_id - 1},
+                )
+    finally:
+        engine.dispose()
+
+
+def delete_registrations(database: ScratchDatabase) -> None:
+    engine = create_engine(database.url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("DELETE FROM snowflake_worker_registrations"))
+    finally:
+        engine.dispose()
