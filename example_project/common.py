@@ -1,0 +1,189 @@
+"""What both demo shops share: the layout, command line, database URLs, progress bar, checks."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from snowflake_db import Layout
+from snowflake_db.sharding import ShardRouter
+
+#: 41 time bits (1 ms, 2020 epoch), 10 worker bits, 8 sequence bits, 4 shard bits (16 logical
+#: shards): an order embeds its customer's logical shard, so it is found from its ID alone.
+SHOP_LAYOUT = Layout(time_bits=41, worker_bits=10, sequence_bits=8, shard_bits=4)
+
+CONTROL_URL_ENV = "SHOP_CONTROL_URL"
+SHARD_URLS_ENV = "SHOP_SHARD_URLS"  # comma- or space-separated
+HERE = Path(__file__).resolve().parent
+DEFAULT_DATA_DIR = HERE / "var"
+
+
+class BadInputError(Exception):
+    """Wrong command-line input or an unreachable database: one line on stderr, exit status 2."""
+
+
+@dataclass
+class Options:
+    control_url: str
+    shard_urls: list[str]
+    processes: int
+    orders: int
+    customers: int
+    find: list[str] = field(default_factory=list)
+    shard: int | None = None
+    quiet: bool = False
+
+    @property
+    def shard_names(self) -> list[str]:
+        return [f"shard{i}" for i in range(len(self.shard_urls))]
+
+    @property
+    def shard_urls_by_name(self) -> dict[str, str]:
+        return dict(zip(self.shard_names, self.shard_urls, strict=True))
+
+    def router(self) -> ShardRouter:
+        return ShardRouter(self.shard_names, layout=SHOP_LAYOUT)
+
+
+def parse_options(argv: Sequence[str] | None, prog: str, description: str) -> Options:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--control-url",
+                        help=f"database holding the worker table (env {CONTROL_URL_ENV})")
+    parser.add_argument(
+        "--shard-url", action="append", default=[],
+        help=f"a shard database; repeat for each shard (env {SHARD_URLS_ENV}, comma-separated)",
+    )
+    parser.add_argument("--shards", type=int, default=4, help="SQLite shards when no URL is given")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help=f"directory for the SQLite files (default {DEFAULT_DATA_DIR})")
+    parser.add_argument("--processes", type=int, default=4, help="processes placing orders")
+    parser.add_argument("--orders", type=int, default=2000, help="orders in total")
+    parser.add_argument("--customers", type=int, default=200)
+    parser.add_argument("--find", action="append", default=[], metavar="ORDER_ID",
+                        help="also look up this order ID (repeatable)")
+    parser.add_argument("--shard", type=int, default=None, metavar="N",
+                        help="also list the first orders of logical shard N")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    control = args.control_url or os.environ.get(CONTROL_URL_ENV, "").strip()
+    shards = list(args.shard_url)
+    if not shards and os.environ.get(SHARD_URLS_ENV, "").strip():
+        shards = os.environ[SHARD_URLS_ENV].replace(",", " ").split()
+    if bool(control) != bool(shards):
+        raise BadInputError(
+            "give both --control-url and at least one --shard-url (or neither, for SQLite)"
+        )
+    if not control:
+        if args.shards < 1:
+            raise BadInputError(f"--shards={args.shards}: need at least one shard")
+        directory = (args.data_dir or DEFAULT_DATA_DIR) / prog.rsplit(".", 1)[-1]
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True, exist_ok=True)
+        control = f"sqlite:///{directory / 'control.sqlite3'}"
+        shards = [f"sqlite:///{directory / f'shard{i}.sqlite3'}" for i in range(args.shards)]
+    for name, value, minimum in (("processes", args.processes, 1), ("orders", args.orders, 1),
+                                 ("customers", args.customers, 1)):
+        if value < minimum:
+            raise BadInputError(f"--{name}={value}: must be at least {minimum}")
+    return Options(control, shards, args.processes, args.orders, args.customers,
+                   args.find, args.shard, args.quiet)
+
+
+def check_find_and_shard(options: Options, router: ShardRouter) -> list[int]:
+    """Validate ``--find`` IDs and ``--shard`` before any work, with one-line messages."""
+    ids = []
+    for raw in options.find:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise BadInputError(f"--find {raw!r}: an order ID is an integer") from None
+        try:
+            ids.append(router.check_id(value))
+        except ValueError as error:
+            raise BadInputError(f"--find {value}: {error}") from None
+    if options.shard is not None and not 0 <= options.shard < router.logical_shards:
+        raise BadInputError(
+            f"--shard {options.shard}: unknown shard; this shop has logical shards "
+            f"0..{router.logical_shards - 1}"
+        )
+    return ids
+
+
+def display_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
+class Progress:
+    """A plain-text progress bar on stderr (no third-party package)."""
+
+    def __init__(self, total: int, label: str, *, enabled: bool = True, width: int = 30) -> None:
+        self.total, self.label, self.enabled, self.width = total, label, enabled, width
+        self.done = 0
+        self.started = time.perf_counter()
+        self._last_draw = 0.0
+
+    def advance(self, count: int) -> None:
+        self.done += count
+        now = time.perf_counter()
+        if now - self._last_draw >= 0.1 or self.done >= self.total:
+            self._last_draw = now
+            self.draw()
+
+    def draw(self) -> None:
+        if not self.enabled:
+            return
+        filled = self.width * self.done // max(self.total, 1)
+        rate = self.done / max(time.perf_counter() - self.started, 1e-9)
+        bar = "#" * filled + "." * (self.width - filled)
+        sys.stderr.write(f"\r{self.label} [{bar}] {self.done}/{self.total} {rate:,.0f}/s")
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self.enabled:
+            self.draw()
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+class Checks:
+    """Collects pass/fail lines; the demo exits non-zero if any check failed."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+
+    def check(self, ok: bool, message: str) -> bool:
+        print(f"  [{'ok' if ok else 'FAIL'}] {message}")
+        if not ok:
+            self.failures.append(message)
+        return ok
+
+    @property
+    def exit_status(self) -> int:
+        if self.failures:
+            print(f"{len(self.failures)} check(s) failed", file=sys.stderr)
+            return 1
+        print("all checks passed")
+        return 0
+
+
+def iso(unix_ms: int) -> str:
+    return datetime.fromtimestamp(unix_ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
