@@ -309,6 +309,50 @@ def test_explicit_worker_id_wins_over_the_environment(monkeypatch: pytest.Monkey
         ("1024", ["1024", "1023"]),
     ],
 )
+def _first_requests(
+    barrier: threading.Barrier, ids: list[int], errors: list[BaseException]
+) -> None:
+    """One server thread: wait for the others, then call the default like requests would."""
+    barrier.wait()
+    for _ in range(200):
+        try:
+            ids.append(snowflake_default())
+        except GeneratorClosedError as error:
+            errors.append(error)
+
+
+def test_concurrent_first_use_configures_from_the_environment_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A threaded server's first requests all reach snowflake_default() at once."""
+    monkeypatch.setenv("SNOWFLAKE_WORKER_ID", "9")
+    duplicates = refused = 0
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # interleave the threads inside the lazy configuration
+    try:
+        for _ in range(300):
+            snowflake_db.reset()
+            barrier = threading.Barrier(4)
+            results: list[list[int]] = [[] for _ in range(4)]
+            errors: list[BaseException] = []
+            threads = [
+                threading.Thread(target=_first_requests, args=(barrier, ids, errors))
+                for ids in results
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            every = [i for ids in results for i in ids]
+            duplicates += len(every) - len(set(every))
+            refused += len(errors)
+    finally:
+        sys.setswitchinterval(interval)
+    assert (duplicates, refused) == (0, 0), (
+        f"{duplicates} duplicate IDs and {refused} calls refused with GeneratorClosedError"
+    )
+
+
 def test_invalid_environment_worker_id(
     monkeypatch: pytest.MonkeyPatch, value: str, fragments: list[str]
 ) -> None:
