@@ -30,11 +30,13 @@ from snowflake_db import (
     InvalidArgumentTypeError,
     Layout,
     LeaseExpiredError,
+    MonotonicClock,
     SnowflakeGenerator,
     TimeExhaustedError,
     WorkerAllocator,
     WorkerLease,
     WorkerLeaseError,
+    wall_clock,
 )
 from snowflake_db.testing import DEFAULT_FAKE_START_MS, FakeClock
 from tests.test_layout import boundary_ints, layouts
@@ -156,6 +158,17 @@ def test_generator_on_any_layout(data: st.DataObject) -> None:
             break
     assert_strictly_increasing(issued)
     assert all(0 <= i <= layout.max_id for i in issued)
+
+
+@pytest.mark.parametrize("clock", [wall_clock, MonotonicClock()], ids=["wall", "monotonic"])
+def test_library_clocks_can_be_injected(clock: Callable[[], int]) -> None:
+    generator = SnowflakeGenerator(3, clock=clock)
+    before = time.time_ns() // 1_000_000
+    ids = generator.next_ids(10_000) + [generator.next_id() for _ in range(10_000)]
+    after = time.time_ns() // 1_000_000
+    assert_strictly_increasing(ids)
+    assert before - 1000 <= decode(ids[0]).timestamp_ms <= decode(ids[-1]).timestamp_ms
+    assert decode(ids[-1]).timestamp_ms <= after + 1000
 
 
 def test_frozen_clock_counts_up_one_tick() -> None:

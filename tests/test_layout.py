@@ -95,6 +95,15 @@ def test_default_layout_exhaustion_date() -> None:
         layout.encode(timestamp_ms=layout.max_timestamp_ms + 1, worker_id=0, sequence=0)
 
 
+def test_describe_shows_the_limits() -> None:
+    description = DEFAULT_LAYOUT.describe()
+    assert description["exhausted_at"] == "2089-09-06T15:47:35.552000+00:00"
+    assert description["epoch"] == "2020-01-01T00:00:00+00:00"
+    assert description["max_worker_id"] == 1023
+    assert description["max_ids_per_second_per_worker"] == 4_096_000
+    assert description["max_id"] == 2**63 - 1
+
+
 def test_decoded_id_fields_of_default_layout() -> None:
     moment = datetime(2024, 5, 17, 12, 30, 45, 123_000, tzinfo=UTC)
     timestamp_ms = int(moment.timestamp() * 1000)
