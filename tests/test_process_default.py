@@ -299,16 +299,6 @@ def test_explicit_worker_id_wins_over_the_environment(monkeypatch: pytest.Monkey
     assert decode(snowflake_default()).worker_id == 7
 
 
-@pytest.mark.parametrize(
-    ("value", "fragments"),
-    [
-        ("abc", ["SNOWFLAKE_WORKER_ID", "'abc'"]),
-        ("5.0", ["SNOWFLAKE_WORKER_ID", "'5.0'"]),
-        ("0x10", ["SNOWFLAKE_WORKER_ID", "'0x10'"]),
-        ("-1", ["SNOWFLAKE_WORKER_ID=-1", "0"]),
-        ("1024", ["1024", "1023"]),
-    ],
-)
 def _first_requests(
     barrier: threading.Barrier, ids: list[int], errors: list[BaseException]
 ) -> None:
@@ -353,6 +343,16 @@ def test_concurrent_first_use_configures_from_the_environment_once(
     )
 
 
+@pytest.mark.parametrize(
+    ("value", "fragments"),
+    [
+        ("abc", ["SNOWFLAKE_WORKER_ID", "'abc'"]),
+        ("5.0", ["SNOWFLAKE_WORKER_ID", "'5.0'"]),
+        ("0x10", ["SNOWFLAKE_WORKER_ID", "'0x10'"]),
+        ("-1", ["SNOWFLAKE_WORKER_ID=-1", "0"]),
+        ("1024", ["1024", "1023"]),
+    ],
+)
 def test_invalid_environment_worker_id(
     monkeypatch: pytest.MonkeyPatch, value: str, fragments: list[str]
 ) -> None:
