@@ -15,7 +15,9 @@ from sqlalchemy.orm import Mapper
 from sqlalchemy.sql.schema import CallableColumnDefault
 
 from ..errors import InvalidArgumentError
-from .generators import SnowflakeDefault
+from .generators import SnowflakeDefault, snowflake_id_default
+
+_PLAIN = SnowflakeDefault()
 
 __all__ = ["assign_ids_on_init", "stop_assigning_ids_on_init"]
 
@@ -32,6 +34,8 @@ def _id_for(cls: type, key: str, values: dict[str, Any]) -> int:
             "snowflake_mapped_column() or default=snowflake_default"
         )
     function: Any = getattr(default.arg, "__wrapped__", default.arg)
+    if function is snowflake_id_default:
+        function = _PLAIN
     if isinstance(function, SnowflakeDefault):
         return function.id_for(table=column.table, values=values)
     value = function()

@@ -14,9 +14,10 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .. import process as _process
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from ..generator import SnowflakeGenerator
-from ..process import get_generator, snowflake_default
+from ..process import get_generator
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
@@ -41,6 +42,13 @@ ShardFunction = Callable[[Mapping[str, Any]], int]
 _lock = threading.Lock()
 _by_table: dict[str, GeneratorSource] = {}
 _by_engine: weakref.WeakKeyDictionary[Engine, GeneratorSource] = weakref.WeakKeyDictionary()
+#: False while nothing is bound: the per-row default then goes straight to the process generator.
+_bound = False
+
+
+def _note_bindings() -> None:
+    global _bound  # noqa: PLW0603
+    _bound = bool(_by_table) or len(_by_engine) > 0
 
 
 def _table_key(table: TableClause | str) -> str:
@@ -108,6 +116,7 @@ def bind_generator(
         else:
             assert engine is not None
             _by_engine[_sync_engine(engine)] = source
+        _note_bindings()
 
 
 def unbind_generator(
@@ -119,6 +128,7 @@ def unbind_generator(
             _by_table.pop(_table_key(table), None)
         if engine is not None:
             _by_engine.pop(_sync_engine(engine), None)
+        _note_bindings()
 
 
 def generator_for(
@@ -127,11 +137,13 @@ def generator_for(
     engine: Engine | AsyncEngine | Connection | None = None,
 ) -> SnowflakeGenerator:
     """The generator a :class:`SnowflakeDefault` uses for ``table`` on ``engine``."""
+    if not _bound:
+        return get_generator()
     if table is not None and _by_table:
         source = _by_table.get(_table_key(table))
         if source is not None:
             return _resolve(source)
-    if engine is not None and len(_by_engine):
+    if engine is not None:
         engine_source = _by_engine.get(_sync_engine(engine))
         if engine_source is not None:
             return _resolve(engine_source)
@@ -179,8 +191,8 @@ class SnowflakeDefault:
 
     def __call__(self, context: ExecutionContext) -> int:
         """Called by SQLAlchemy once per inserted row with the execution context."""
-        if self._plain and not _by_table and not len(_by_engine):
-            return snowflake_default()
+        if self._plain and not _bound:
+            return _process._next_id()
         values: Mapping[str, Any] | None = None
         if self._shard_for is not None:
             values = context.get_current_parameters()  # type: ignore[attr-defined]
@@ -228,5 +240,16 @@ class SnowflakeDefault:
         return f"SnowflakeDefault({', '.join(parts)})"
 
 
-#: The default the column helpers use: bindings first, then the process-wide generator.
-snowflake_id_default = SnowflakeDefault()
+_plain_default = SnowflakeDefault()
+
+
+def snowflake_id_default(context: ExecutionContext) -> int:
+    """The default the column helpers use: bindings first, then the process-wide generator.
+
+    A plain function rather than a ``SnowflakeDefault`` instance: SQLAlchemy calls it for every
+    row, and with nothing bound it is one check and the generator's own call.
+    """
+    if not _bound:
+        return _process._next_id()
+    return _plain_default(context)
+
