@@ -7,12 +7,10 @@ time, long before anything is configured; every test here goes through it.
 from __future__ import annotations
 
 import contextlib
-import os
-import pickle
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from itertools import pairwise
 from typing import Any
 
@@ -32,6 +30,7 @@ from snowflake_db import (
     snowflake_default,
 )
 from snowflake_db.testing import DEFAULT_FAKE_START_MS, FakeClock
+from tests.test_generator_concurrency import run_in_fork
 
 T0 = DEFAULT_FAKE_START_MS
 decode = DEFAULT_LAYOUT.decode
@@ -45,31 +44,6 @@ def _fresh_process_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     snowflake_db.reset()
     yield
     snowflake_db.reset()
-
-
-def run_in_fork(child: Callable[[], Any]) -> dict[str, Any]:
-    """Run ``child`` in an ``os.fork()`` child; return ``{"result": ...}`` or its error."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child, which never returns to pytest
-        exit_code = 1
-        try:
-            os.close(read_fd)
-            try:
-                report: dict[str, Any] = {"result": child()}
-            except BaseException as error:
-                report = {"error": type(error).__name__, "message": str(error)}
-            with os.fdopen(write_fd, "wb") as pipe:
-                pipe.write(pickle.dumps(report))
-            exit_code = 0
-        finally:
-            os._exit(exit_code)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        payload = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the forked child crashed"
-    return pickle.loads(payload)
 
 
 # -- not configured ----------------------------------------------------------------------------
