@@ -65,9 +65,7 @@ def check_supported(url: URL) -> None:
             )
 
 
-def make_engine(
-    url: URL, *, timeout_seconds: float, application_name: str, pooled: bool
-) -> Engine:
+def make_engine(url: URL, *, timeout_seconds: float, application_name: str, pooled: bool) -> Engine:
     """A small private engine with driver timeouts, pre-ping and SQLite locking set up.
 
     ``pooled=False`` (acquire, release, admin: rare) holds no idle connection, so a prefork

@@ -64,6 +64,7 @@ class TableLease:
         self.lock = threading.Lock()
         self.last_error: str | None = None
         self.failures = 0
+        self.renewals = 0
         self.renewed_at = time.monotonic()
         self._where = where
         self._problem = ""
@@ -117,6 +118,7 @@ class TableLease:
         self._high_water_ms = max(self._high_water_ms, high_water_ms)
         self._valid_until = started + valid_for
         self.renewed_at = started
+        self.renewals += 1
         self.last_error = None
         self.failures = 0
 

@@ -402,9 +402,7 @@ class WorkerStore:
 
     def count_registrations(self, connection: Connection) -> int:
         registrations = self.tables.registrations
-        return int(
-            connection.execute(select(func.count()).select_from(registrations)).scalar_one()
-        )
+        return int(connection.execute(select(func.count()).select_from(registrations)).scalar_one())
 
 
 def _opt_int(value: object) -> int | None:

@@ -1,0 +1,303 @@
+"""The table allocator across real processes: 64 at once, SIGKILL, SIGSTOP/SIGCONT, fork after
+use (gunicorn --preload), and a load run with leases renewing. PostgreSQL, MariaDB and SQLite."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import traceback
+from array import array
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import snowflake_db
+from snowflake_db import (
+    Layout,
+    MonotonicClock,
+    SnowflakeError,
+    SnowflakeGenerator,
+    WorkerIdExhaustedError,
+)
+from snowflake_db.worker import TableLease, TableWorkerAllocator, forking
+
+from .plugins.databases import ScratchDatabase
+from .worker_support import allocator, read_slots
+
+FORK = multiprocessing.get_context("fork")
+SINGLE_SLOT = Layout(worker_bits=0)
+
+
+def _lease(gen: SnowflakeGenerator) -> TableLease:
+    lease = gen.lease
+    assert isinstance(lease, TableLease)
+    return lease
+
+
+# -- 64 processes acquiring at once --------------------------------------------------------------
+
+
+def _acquire_at_once(url: str, barrier: Any, results: Any, finish: Any) -> None:
+    try:
+        alloc = TableWorkerAllocator(url, lease_seconds=30)
+        barrier.wait(timeout=120)
+        lease = alloc.acquire(layout=Layout(), clock=MonotonicClock())
+        results.put((os.getpid(), lease.worker_id, lease.token, None))
+    except BaseException:
+        results.put((os.getpid(), None, None, traceback.format_exc()))
+    finish.wait(timeout=180)
+
+
+@pytest.mark.slow
+def test_64_processes_acquiring_at_once_get_distinct_committed_slots(
+    any_db: ScratchDatabase,
+) -> None:
+    count = 64
+    barrier, results, finish = FORK.Barrier(count), FORK.Queue(), FORK.Event()
+    children = [
+        FORK.Process(target=_acquire_at_once, args=(any_db.url_string, barrier, results, finish))
+        for _ in range(count)
+    ]
+    for child in children:
+        child.start()
+    try:
+        got = [results.get(timeout=180) for _ in range(count)]
+        errors = [error for *_, error in got if error]
+        assert not errors, errors[0]
+        worker_ids = [worker_id for _, worker_id, _, _ in got]
+        assert len(set(worker_ids)) == count
+        rows = read_slots(any_db.url)
+        for _, worker_id, token, _ in got:
+            assert rows[worker_id].lease_token == token and rows[worker_id].state == "live"
+    finally:
+        finish.set()
+        for child in children:
+            child.join(60)
+
+
+# -- SIGKILL and SIGSTOP ---------------------------------------------------------------------
+
+
+def _issue_forever(url: str, lease_seconds: float, ready: Any, log: Any, stop: Any) -> None:
+    """Hold the single slot and issue IDs until told to stop; report every ID and error."""
+    alloc = TableWorkerAllocator(url, lease_seconds=lease_seconds)
+    gen = SnowflakeGenerator(allocator=alloc, layout=SINGLE_SLOT)
+    ids: list[tuple[int, int]] = []
+    errors: list[tuple[str, int]] = []
+    first = gen.next_id()
+    ready.put((first, _lease(gen).token))
+    while not stop.is_set():
+        try:
+            ids.append((gen.next_id(), time.time_ns()))
+        except SnowflakeError as error:
+            errors.append((type(error).__name__, time.time_ns()))
+        time.sleep(0.001)
+    log.put({"ids": [(first, 0), *ids], "errors": errors})
+
+
+def test_sigkilled_holder_frees_its_slot_only_after_expiry(any_db: ScratchDatabase) -> None:
+    ready, log, stop = FORK.Queue(), FORK.Queue(), FORK.Event()
+    child = FORK.Process(target=_issue_forever, args=(any_db.url_string, 2.0, ready, log, stop))
+    child.start()
+    first_id, token = ready.get(timeout=60)
+    os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    child.join(10)
+    dead = read_slots(any_db.url)[0]
+    assert dead.lease_token == token and dead.expires_at_ms is not None
+    refused = 0
+    with allocator(any_db) as alloc:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                lease = alloc.acquire(layout=SINGLE_SLOT, clock=MonotonicClock())
+                break
+            except WorkerIdExhaustedError:
+                refused += 1
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        taken = read_slots(any_db.url)[0]
+        assert refused > 0  # the dead holder's lease was honoured until it expired
+        assert taken.acquired_at_ms is not None and taken.acquired_at_ms > dead.expires_at_ms
+        assert lease.floor_ms == dead.high_water_ms
+        gen = SnowflakeGenerator(allocator=alloc, layout=SINGLE_SLOT)
+        gen._take_lease(lease)  # use the lease just claimed
+        assert SINGLE_SLOT.decode(gen.next_id()).timestamp_ms > dead.high_water_ms
+        assert gen.next_id() > first_id
+
+
+def test_sigstopped_holder_stops_issuing_and_ids_stay_disjoint(any_db: ScratchDatabase) -> None:
+    lease_seconds = 1.5
+    ready, log, stop = FORK.Queue(), FORK.Queue(), FORK.Event()
+    child = FORK.Process(
+        target=_issue_forever, args=(any_db.url_string, lease_seconds, ready, log, stop)
+    )
+    child.start()
+    ready.get(timeout=60)
+    time.sleep(0.3)
+    stopped_ms = time.time_ns() // 1_000_000
+    os.kill(child.pid, signal.SIGSTOP)  # type: ignore[arg-type]
+    try:
+        deadline = time.monotonic() + 30
+        while read_slots(any_db.url)[0].state == "live":  # wait for the database to expire it
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        with allocator(any_db, lease_seconds=lease_seconds) as alloc:
+            second = SnowflakeGenerator(allocator=alloc, layout=SINGLE_SLOT)
+            second_ids = second.next_ids(1000)
+            floor = _lease(second).floor_ms
+            resumed_ns = time.time_ns()
+            os.kill(child.pid, signal.SIGCONT)  # type: ignore[arg-type]
+            until = time.monotonic() + 2 * lease_seconds
+            while time.monotonic() < until:  # the new holder keeps working meanwhile
+                second_ids.extend(second.next_ids(100))
+                time.sleep(0.01)
+            stop.set()
+            report = log.get(timeout=60)
+    finally:
+        os.kill(child.pid, signal.SIGCONT)  # type: ignore[arg-type]
+        stop.set()
+        child.join(30)
+    first_ids = [snowflake_id for snowflake_id, _ in report["ids"]]
+    after_resume = [i for i, returned_ns in report["ids"] if returned_ns > resumed_ns]
+    # At most one call in flight at SIGSTOP may complete, with a timestamp from before the stop.
+    assert len(after_resume) <= 1
+    assert all(SINGLE_SLOT.decode(i).timestamp_ms <= stopped_ms for i in after_resume)
+    assert any(returned_ns > resumed_ns for _, returned_ns in report["errors"])
+    assert floor is not None
+    assert max(SINGLE_SLOT.decode(i).timestamp_ms for i in first_ids) <= floor
+    assert min(SINGLE_SLOT.decode(i).timestamp_ms for i in second_ids) > floor
+    assert not set(first_ids) & set(second_ids)
+
+
+# -- fork after use (gunicorn --preload) ----------------------------------------------------------
+
+
+def _forked_worker(out: Path) -> None:
+    """Runs in a child made by os.fork(): use the inherited process-wide generator."""
+    try:
+        ids = [snowflake_db.snowflake_default() for _ in range(20_000)]
+        gen = snowflake_db.get_generator()
+        lease = _lease(gen)
+        payload = {"worker": gen.worker_id, "token": lease.token, "ids": ids}
+        forking._at_exit()  # what a clean exit runs: release this child's own slot only
+        out.write_text(json.dumps(payload))
+    except BaseException:
+        out.write_text(json.dumps({"error": traceback.format_exc()}))
+
+
+def test_fork_after_use_gives_each_child_its_own_slot(
+    any_db: ScratchDatabase, tmp_path: Path
+) -> None:
+    alloc = allocator(any_db)
+    gen = snowflake_db.configure(allocator=alloc)
+    try:
+        parent_ids = [snowflake_db.snowflake_default() for _ in range(5000)]
+        parent_lease = _lease(gen)
+        pids = []
+        for index in range(8):
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - child
+                try:
+                    _forked_worker(tmp_path / f"child{index}.json")
+                finally:
+                    os._exit(0)
+            pids.append(pid)
+        parent_ids.extend(snowflake_db.snowflake_default() for _ in range(5000))
+        for pid in pids:
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+        reports = [json.loads((tmp_path / f"child{i}.json").read_text()) for i in range(8)]
+        errors = [report["error"] for report in reports if "error" in report]
+        assert not errors, errors[0]
+        workers = [report["worker"] for report in reports]
+        assert len({*workers, parent_lease.worker_id}) == 9
+        all_ids = parent_ids + [i for report in reports for i in report["ids"]]
+        assert len(all_ids) == len(set(all_ids)) == 5000 * 2 + 8 * 20_000
+        rows = read_slots(any_db.url)
+        # The children released their own slots, never the parent's.
+        assert rows[parent_lease.worker_id].lease_token == parent_lease.token
+        assert rows[parent_lease.worker_id].state == "live"
+        assert all(rows[worker].state == "free" for worker in workers)
+        assert snowflake_db.snowflake_default() > max(parent_ids)
+        assert gen.lease is parent_lease and not parent_lease.lost
+    finally:
+        snowflake_db.reset()
+        alloc.close()
+
+
+# -- load: 8 processes x 2 threads, leases renewing -----------------------------------------------
+
+
+def _load_child(out: str, seconds: float, per_thread_cap: int) -> None:
+    started = time.monotonic()
+    ids = [array("q") for _ in range(2)]
+    fenced = [0, 0]
+
+    def work(slot: int) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and len(ids[slot]) < per_thread_cap:
+            try:
+                for _ in range(500):
+                    ids[slot].append(snowflake_db.snowflake_default())
+            except snowflake_db.WorkerLeaseError:
+                fenced[slot] += 1
+                time.sleep(0.05)
+            time.sleep(0.005)
+
+    try:
+        threads = [threading.Thread(target=work, args=(slot,)) for slot in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        gen = snowflake_db.get_generator()
+        lease = _lease(gen)
+        Path(out + ".ids").write_bytes(ids[0].tobytes() + ids[1].tobytes())
+        report = {
+            "fenced": sum(fenced),
+            "worker": gen.worker_id,
+            "renewals": lease.renewals,
+            "last_renewal_after_s": lease.renewed_at - started,
+        }
+        Path(out + ".json").write_text(json.dumps(report))
+    except BaseException:
+        Path(out + ".json").write_text(json.dumps({"error": traceback.format_exc()}))
+
+
+@pytest.mark.slow
+def test_load_8_processes_x_2_threads_with_renewing_leases(
+    any_db: ScratchDatabase, tmp_path: Path
+) -> None:
+    seconds = 3.0
+    alloc = allocator(any_db, lease_seconds=1.2)  # renewed every 0.4 s
+    snowflake_db.configure(allocator=alloc)  # configured before the fork, used only after
+    try:
+        children = [
+            FORK.Process(target=_load_child, args=(str(tmp_path / f"c{i}"), seconds, 300_000))
+            for i in range(8)
+        ]
+        for child in children:
+            child.start()
+        for child in children:
+            child.join(120)
+            assert child.exitcode == 0
+    finally:
+        snowflake_db.reset()
+        alloc.close()
+    reports = [json.loads((tmp_path / f"c{i}.json").read_text()) for i in range(8)]
+    errors = [report["error"] for report in reports if "error" in report]
+    assert not errors, errors[0]
+    # Each lease was renewed several times while IDs were being issued.
+    assert all(report["renewals"] >= 2 for report in reports), reports
+    assert all(report["last_renewal_after_s"] > 1.0 for report in reports), reports
+    total = array("q")
+    for i in range(8):
+        total.frombytes((tmp_path / f"c{i}.ids").read_bytes())
+    assert len(total) > 8 * 2 * 1000
+    assert len(set(total)) == len(total)
+    assert len({report["worker"] for report in reports}) == 8
