@@ -362,3 +362,34 @@ def test_identity_key_and_bigint_revert_on_postgresql(
             assert new == big + 1
     finally:
         engine.dispose()
+
+
+def test_conversion_refuses_what_it_cannot_do(sqlite_db: ScratchDatabase) -> None:
+    from alembic.migration import MigrationContext
+    from alembic.operations import Operations
+
+    engine = create_engine(sqlite_db.url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE tokens (code VARCHAR(10) PRIMARY KEY)"))
+            conn.execute(text("CREATE TABLE pairs (a INTEGER, b INTEGER, PRIMARY KEY (a, b))"))
+            op = Operations(MigrationContext.configure(conn))
+            with pytest.raises(SnowflakeMigrationError, match="not an integer type"):
+                op.convert_to_snowflake_pk("tokens", "code")
+            with pytest.raises(SnowflakeMigrationError, match="only primary-key column"):
+                op.convert_to_snowflake_pk("pairs", "a")
+            with pytest.raises(SnowflakeMigrationError, match="does not exist"):
+                op.convert_to_snowflake_pk("missing")
+            with pytest.raises(SnowflakeMigrationError, match="PostgreSQL only"):
+                op.create_snowflake_id_function()
+            with pytest.raises(ValueError, match="server-side function"):
+                op.convert_to_snowflake_pk("pairs", "a", server_default="x()")
+            with pytest.raises(ValueError, match="'integer' or 'bigint'"):
+                op.revert_snowflake_pk("pairs", "a", type_="smallint")  # type: ignore[arg-type]
+        offline = Operations(
+            MigrationContext.configure(dialect_name="postgresql", opts={"as_sql": True})
+        )
+        with pytest.raises(SnowflakeMigrationError, match="offline --sql"):
+            offline.convert_to_snowflake_pk("orders")
+    finally:
+        engine.dispose()

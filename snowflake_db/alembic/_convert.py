@@ -198,20 +198,21 @@ def convert_pk(
 ) -> None:
     """Turn ``table.column`` into a Snowflake ``BIGINT`` primary key, widening references."""
     bind = _bind(operations, "convert_to_snowflake_pk")
-    target = _inspect_target(bind, table, column, schema)
     dialect = bind.dialect.name
-    bigint = BigInteger()
-    if dialect == "sqlite":
-        if server_default is not None:
-            raise InvalidArgumentError("server_default= needs PostgreSQL's server-side function")
-        _sqlite_rebuild(operations, target, bigint, autoincrement=False)
-        return
-    if dialect not in ("postgresql", "mysql", "mariadb"):
+    if dialect not in ("postgresql", "mysql", "mariadb", "sqlite"):
         raise SnowflakeMigrationError(
             f"convert_to_snowflake_pk supports PostgreSQL, MariaDB/MySQL and SQLite, not {dialect}"
         )
     if server_default is not None and dialect != "postgresql":
-        raise InvalidArgumentError("server_default= needs PostgreSQL's server-side function")
+        raise InvalidArgumentError(
+            f"server_default={server_default!r} needs PostgreSQL's server-side function "
+            f"(this database is {dialect})"
+        )
+    target = _inspect_target(bind, table, column, schema)
+    bigint = BigInteger()
+    if dialect == "sqlite":
+        _sqlite_rebuild(operations, target, bigint, autoincrement=False)
+        return
     _drop_references(operations, target)
     if dialect == "postgresql":
         _drop_postgresql_autoincrement(bind, operations, target)
