@@ -52,7 +52,9 @@ class Options:
         return ShardRouter(self.shard_names, layout=SHOP_LAYOUT)
 
 
-def parse_options(argv: Sequence[str] | None, prog: str, description: str) -> Options:
+def parse_options(
+    argv: Sequence[str] | None, prog: str, description: str, *, data_subdir: str
+) -> Options:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--control-url",
                         help=f"database holding the worker table (env {CONTROL_URL_ENV})")
@@ -83,7 +85,7 @@ def parse_options(argv: Sequence[str] | None, prog: str, description: str) -> Op
     if not control:
         if args.shards < 1:
             raise BadInputError(f"--shards={args.shards}: need at least one shard")
-        directory = (args.data_dir or DEFAULT_DATA_DIR) / prog.rsplit(".", 1)[-1]
+        directory = (args.data_dir or DEFAULT_DATA_DIR) / data_subdir
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True, exist_ok=True)
         control = f"sqlite:///{directory / 'control.sqlite3'}"

@@ -319,7 +319,8 @@ def verify(
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        options = parse_options(argv, "example_project.sqlalchemy_shop", __doc__.splitlines()[0])
+        options = parse_options(argv, "example_project.sqlalchemy_shop", __doc__.splitlines()[0],
+                                data_subdir="sqlalchemy")
         return run(options)
     except BadInputError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -1,0 +1,272 @@
+"""The shop on Django: orders sharded over N database aliases by ``ShardedDatabaseRouter``.
+
+Flow: migrate the control alias (worker table) and every shard alias (shop tables), create
+customers, place orders from several processes at once, then verify: zero duplicate IDs, every
+order on the shard its ID names, lookups by ID touching one alias, a time range as an ID range.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue as queue_module
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from .common import (
+    BadInputError,
+    Checks,
+    Options,
+    Progress,
+    check_find_and_shard,
+    display_url,
+    iso,
+    one_line,
+    parse_options,
+    split_evenly,
+)
+
+BATCH = 50
+
+
+def setup_django(options: Options) -> None:
+    """Point the settings at the given URLs (children inherit the environment) and set up."""
+    os.environ["SHOP_CONTROL_URL"] = options.control_url
+    os.environ["SHOP_SHARD_URLS"] = ",".join(options.shard_urls)
+    os.environ["DJANGO_SETTINGS_MODULE"] = "example_project.settings"
+    import django
+
+    django.setup()
+
+
+def place_orders(
+    *, customer_ids: Sequence[int], count: int, seed: int,
+    progress: Callable[[int], None] = lambda n: None,
+) -> list[int]:
+    """The demo's insert path: per batch and shard, one transaction with two bulk inserts."""
+    from django.db import transaction
+
+    from snowflake_db.sharding.django import alias_for_instance, ensure_pk
+
+    from .shop.models import Order, OrderItem
+
+    rng = random.Random(seed)
+    ids: list[int] = []
+    done = 0
+    while done < count:
+        size = min(BATCH, count - done)
+        groups: dict[str, tuple[list[Any], list[Any]]] = {}
+        for _ in range(size):
+            order = Order(customer_id=rng.choice(customer_ids), total_cents=0)
+            ensure_pk(order)
+            items = [
+                OrderItem(order=order, sku=f"SKU-{rng.randrange(1000):04d}",
+                          quantity=rng.randint(1, 3), price_cents=rng.randrange(100, 10_000))
+                for _ in range(rng.randint(1, 3))
+            ]
+            order.total_cents = sum(i.quantity * i.price_cents for i in items)
+            orders, all_items = groups.setdefault(alias_for_instance(order), ([], []))
+            orders.append(order)
+            all_items.extend(items)
+        for alias, (orders, items) in groups.items():
+            with transaction.atomic(using=alias):
+                Order.objects.using(alias).bulk_create(orders)
+                OrderItem.objects.using(alias).bulk_create(items)
+            ids.extend(order.pk for order in orders)
+        done += size
+        progress(size)
+    return ids
+
+
+def _child(options: Options, customer_ids: list[int], count: int, seed: int, queue: Any) -> None:
+    setup_django(options)  # the snowflake_db app leases this process's worker ID on first use
+    queue.put(place_orders(customer_ids=customer_ids, count=count, seed=seed,
+                           progress=queue.put))
+
+
+@contextmanager
+def count_queries(aliases: Sequence[str]) -> Iterator[Counter[str]]:
+    """Count the statements each alias runs inside the block."""
+    from django.db import connections
+
+    counts: Counter[str] = Counter()
+
+    def wrapper_for(alias: str) -> Callable[..., Any]:
+        def wrapper(execute: Callable[..., Any], sql: str, params: Any, many: bool,
+                    context: Any) -> Any:
+            counts[alias] += 1
+            return execute(sql, params, many, context)
+
+        return wrapper
+
+    with ExitStack() as stack:
+        for alias in aliases:
+            stack.enter_context(connections[alias].execute_wrapper(wrapper_for(alias)))
+        yield counts
+
+
+def migrate(options: Options, aliases: list[str]) -> None:
+    from django.core.management import call_command
+    from django.db import connections
+
+    for alias, url in [("default", options.control_url), *zip(aliases, options.shard_urls,
+                                                              strict=True)]:
+        try:
+            connections[alias].ensure_connection()
+        except Exception as error:
+            name = "control" if alias == "default" else alias
+            raise BadInputError(
+                f"cannot connect to {name} ({display_url(url)}): {one_line(error)}"
+            ) from None
+    # The demo owns the shop tables: start from empty ones on every run.
+    for alias in aliases:
+        connection = connections[alias]
+        with connection.cursor() as cursor:
+            for table in ("shop_orderitem", "shop_order", "shop_customer"):
+                cursor.execute(f"DROP TABLE IF EXISTS {table}")
+            if "django_migrations" in connection.introspection.table_names(cursor):
+                cursor.execute("DELETE FROM django_migrations WHERE app = 'shop'")
+    for alias in ["default", *aliases]:
+        call_command("migrate", database=alias, verbosity=0, interactive=False)
+
+
+def run(options: Options) -> int:
+    setup_django(options)
+    from django.conf import settings
+
+    from snowflake_db.sharding.django import get_shard_router
+
+    from .shop.models import Customer
+
+    router = get_shard_router()
+    find_ids = check_find_and_shard(options, router)
+    aliases: list[str] = list(settings.SHARD_ALIASES)
+    print(f"Django shop: {len(aliases)} shard database(s), {router.logical_shards} logical "
+          f"shards, worker table on {display_url(options.control_url)}")
+    for alias, url in zip(aliases, options.shard_urls, strict=True):
+        print(f"  {alias}: {display_url(url)}  logical shards {router.shards_on(alias)}")
+    migrate(options, aliases)
+
+    customers = Customer.objects.bulk_create(
+        [Customer(name=f"customer {i}") for i in range(options.customers)]
+    )
+    customer_ids = [c.pk for c in customers]
+    from django.db import connections
+
+    connections.close_all()  # no connection is shared with the spawned processes
+
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    shares = split_evenly(options.orders, options.processes)
+    processes = [
+        context.Process(target=_child, args=(options, customer_ids, n, seed, queue))
+        for seed, n in enumerate(shares) if n
+    ]
+    started = time.perf_counter()
+    for process in processes:
+        process.start()
+    bar = Progress(options.orders, "placing orders", enabled=not options.quiet)
+    placed: list[int] = []
+    finished = 0
+    while finished < len(processes):
+        try:
+            message = queue.get(timeout=1)
+        except queue_module.Empty:
+            if any(p.exitcode not in (None, 0) for p in processes):
+                print("error: an order process failed (see its traceback above)", file=sys.stderr)
+                break
+            continue
+        if isinstance(message, int):
+            bar.advance(message)
+        else:
+            placed.extend(message)
+            finished += 1
+    elapsed = time.perf_counter() - started
+    bar.finish()
+    for process in processes:
+        process.join(timeout=60)
+    return verify(options, aliases=aliases, placed=placed, elapsed=elapsed, find_ids=find_ids)
+
+
+def verify(
+    options: Options, *, aliases: list[str], placed: list[int], elapsed: float,
+    find_ids: list[int],
+) -> int:
+    from snowflake_db.sharding.django import get_shard_router
+
+    from .shop.models import Order
+
+    router = get_shard_router()
+    checks = Checks()
+    print(f"placed {len(placed)} orders in {elapsed:.2f} s: "
+          f"{len(placed) / max(elapsed, 1e-9):,.0f} orders/s")
+    checks.check(len(placed) == options.orders,
+                 f"{options.orders} orders reported by the processes")
+
+    stored = {alias: list(Order.objects.using(alias).values_list("pk", flat=True))
+              for alias in aliases}
+    all_ids = [i for ids in stored.values() for i in ids]
+    checks.check(len(all_ids) == len(set(all_ids)) == len(set(placed)) == len(placed),
+                 f"zero duplicate IDs ({len(all_ids)} stored, {len(set(all_ids))} distinct)")
+    misplaced = [i for alias, ids in stored.items() for i in ids
+                 if router.target_for_id(i) != alias]
+    checks.check(not misplaced, f"every order is on the shard its ID names ({len(misplaced)} not)")
+    print("orders per shard:")
+    for alias, count in Order.objects.count_by_shard().items():
+        print(f"  {alias}: {count}")
+
+    sample = random.Random(7).sample(placed, min(20, len(placed)))
+    wrong = []
+    for order_id in sample + find_ids:
+        expected = router.target_for_id(order_id)
+        with count_queries(aliases) as counts:
+            try:
+                order = Order.objects.get(pk=order_id)
+                items = list(order.items.all())
+            except Order.DoesNotExist:
+                order, items = None, []
+        if order_id in find_ids:
+            found = f"on {expected}, {len(items)} item(s)" if order else "not found"
+            print(f"  --find {order_id}: {found} (queried {sorted(counts)})")
+        elif order is None or set(counts) != {expected} or not items:
+            wrong.append(order_id)
+    checks.check(not wrong, f"{len(sample)} lookups by ID each found the order querying only "
+                 f"its shard ({len(wrong)} did not)")
+
+    customer_id = Order.objects.get(pk=placed[0]).customer_id
+    with count_queries(aliases) as counts:
+        of_customer = list(Order.objects.filter(customer_id=customer_id))
+    checks.check(len(counts) == 1 and bool(of_customer),
+                 f"orders of customer {customer_id}: {len(of_customer)} found querying "
+                 f"{len(counts)} shard")
+
+    times = sorted(router.layout.decode(i).timestamp_ms for i in placed)
+    start, end = times[0], times[len(times) // 2]
+    expected_count = sum(1 for t in times if start <= t <= end)
+    with count_queries(aliases) as counts:
+        found = sum(1 for _ in Order.objects.time_range(start, end).across_shards())
+    low, high = router.id_range(start, end)
+    checks.check(found == expected_count,
+                 f"time range {iso(start)}..{iso(end)}: {found} orders (expected "
+                 f"{expected_count}) via id BETWEEN {low} AND {high} on {len(counts)} shards")
+
+    if options.shard is not None:
+        target = router.target_of_shard(options.shard)
+        first = [i for i in stored[target] if router.shard_of_id(i) == options.shard][:5]
+        print(f"logical shard {options.shard} lives on {target}; first orders: {first}")
+    return checks.exit_status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        options = parse_options(argv, "example_project", __doc__.splitlines()[0],
+                                data_subdir="django")
+        return run(options)
+    except BadInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,1 @@
+"""The demo shop app: customers, orders and order items, sharded by customer."""
