@@ -142,7 +142,7 @@ def test_mixing_mode_routes_by_the_whole_id() -> None:
 
 def test_bad_configuration_and_requests_have_clear_errors() -> None:
     router = ShardRouter(TARGETS, layout=SHARDED)
-    with pytest.raises(UnknownShardError, match="unknown logical shard 16; .* 0..15"):
+    with pytest.raises(UnknownShardError, match=r"unknown logical shard 16; .* 0\.\.15"):
         router.target_of_shard(16)
     with pytest.raises(UnknownShardError, match="unknown shard target 'nope'"):
         router.shards_on("nope")
