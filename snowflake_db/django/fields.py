@@ -1,3 +1,5 @@
+# mypy: disable-error-code="import-untyped, misc, untyped-decorator, unused-ignore"
+# (no django-stubs/DRF stubs here: Django and DRF classes are typed as Any)
 """Model fields: ``SnowflakeAutoField`` (primary keys) and ``SnowflakeField`` (any other column).
 
 Both take their value from :func:`snowflake_db.snowflake_default` when the instance is created,
@@ -23,7 +25,7 @@ def _drop_injected_default(kwargs: dict[str, Any]) -> None:
         del kwargs["default"]
 
 
-class SnowflakeAutoField(models.BigAutoField):  # type: ignore[misc]
+class SnowflakeAutoField(models.BigAutoField):
     """A ``BigAutoField`` whose value comes from the application, not the database.
 
     Use it as ``DEFAULT_AUTO_FIELD``, as an ``AppConfig.default_auto_field`` or explicitly with
@@ -83,7 +85,7 @@ class SnowflakeAutoField(models.BigAutoField):  # type: ignore[misc]
         return name, path, args, kwargs
 
 
-class SnowflakeField(models.BigIntegerField):  # type: ignore[misc]
+class SnowflakeField(models.BigIntegerField):
     """A ``BIGINT`` column filled with a Snowflake ID, for IDs that are not the primary key.
 
     For example a public order number next to an existing primary key. Unique and not editable

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="import-untyped, misc, untyped-decorator, unused-ignore"
+# (no django-stubs/DRF stubs here: Django and DRF classes are typed as Any)
 """``SnowflakeJSONEncoder``: Django's JSON encoder, with integers JavaScript cannot hold as strings.
 
 JavaScript numbers are doubles: integers above 2**53 - 1 (every current Snowflake ID) lose
@@ -40,7 +42,8 @@ class SnowflakeJSONEncoder(DjangoJSONEncoder):
     """
 
     def iterencode(self, o: Any, _one_shot: bool = False) -> Iterator[str]:
-        return super().iterencode(stringify_big_ints(o), _one_shot)
+        chunks: Iterator[str] = super().iterencode(stringify_big_ints(o), _one_shot)
+        return chunks
 
     def default(self, o: Any) -> Any:
         return stringify_big_ints(super().default(o))

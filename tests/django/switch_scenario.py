@@ -58,7 +58,6 @@ def main() -> None:
     django.setup()
     from django.core.management import call_command
     from django.db import connection
-
     from switchapp.models import Book, Shelf  # type: ignore[import-not-found]
 
     result: dict[str, object] = {}

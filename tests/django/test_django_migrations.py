@@ -107,7 +107,7 @@ def test_migrated_worker_tables_mirror_the_allocator_schema(tx_backend: str) -> 
         }
     expected["snowflake_worker_slots"]["high_water_ms default"] = ("0", False, False)
     actual = _reflect(sqlalchemy_url(tx_backend))
-    for table, columns in actual.items():
+    for columns in actual.values():
         for name, (kind, nullable, pk) in columns.items():
             columns[name] = (_normalise(kind), nullable, pk)
     assert actual == expected
