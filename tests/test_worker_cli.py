@@ -1,0 +1,89 @@
+"""``snowflake-db workers list`` and ``workers reap`` against real databases."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from snowflake_db import Layout, MonotonicClock
+from snowflake_db.cli import main
+
+from .plugins.databases import ScratchDatabase
+from .worker_support import LEASE_SECONDS, allocator, read_slots
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_list_and_reap(any_db: ScratchDatabase, capsys: pytest.CaptureFixture[str]) -> None:
+    layout = Layout(worker_bits=3)
+    with allocator(any_db) as alloc:
+        live = alloc.acquire(layout=layout, clock=MonotonicClock())
+        dead = alloc.acquire(layout=layout, clock=MonotonicClock())
+        dead.abandon()  # no more renewals: it expires like a crashed holder's
+        reserved = alloc.reserve_worker_id("pg function", layout=layout)
+        time.sleep(LEASE_SECONDS + 0.5)
+        url = any_db.url_string
+
+        assert main(["workers", "list", "--url", url, "--json"]) == 0
+        records = {r["worker_id"]: r for r in json.loads(capsys.readouterr().out)}
+        assert records[live.worker_id]["state"] == "live"
+        assert records[live.worker_id]["pid"] == os.getpid()
+        assert records[live.worker_id]["expires_in_seconds"] > 0
+        assert records[dead.worker_id]["state"] == "expired"
+        assert records[reserved]["state"] == "reserved"
+        assert records[reserved]["label"] == "pg function"
+        assert records[live.worker_id]["high_water_ms"] == live.high_water_ms
+
+        assert main(["workers", "list", "--url", url]) == 0
+        table = capsys.readouterr().out
+        assert table.splitlines()[0].split()[:3] == ["worker", "state", "holder"]
+        assert "expired" in table and "reserved" in table and "never" in table
+
+        dead_mark = read_slots(any_db.url)[dead.worker_id].high_water_ms
+        assert main(["workers", "reap", "--url", url]) == 0
+        assert capsys.readouterr().out.strip() == (
+            f"reaped 1 expired lease(s): worker IDs {dead.worker_id}"
+        )
+        rows = read_slots(any_db.url)
+        assert rows[dead.worker_id].state == "free"
+        assert rows[dead.worker_id].high_water_ms == dead_mark  # the mark survives reaping
+        assert rows[live.worker_id].lease_token == live.token and rows[live.worker_id].live
+        assert rows[reserved].state == "reserved"
+        assert main(["workers", "reap", "--url", url, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == {"reaped": []}
+
+
+def test_errors_are_one_line_with_exit_status_2(
+    sqlite_db: ScratchDatabase, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SNOWFLAKE_WORKER_URL", raising=False)
+    assert main(["workers", "list"]) == 2
+    assert "give --url" in capsys.readouterr().err
+    assert main(["workers", "list", "--url", sqlite_db.url_string]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "do not exist" in err
+    url = "postgresql+psycopg://snow:s3cret@127.0.0.1:1/control"
+    assert main(["workers", "reap", "--url", url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "s3cret" not in err and "***" in err
+
+
+def test_console_command(sqlite_db: ScratchDatabase) -> None:
+    with allocator(sqlite_db) as alloc:
+        lease = alloc.acquire(layout=Layout(), clock=MonotonicClock())
+        env = dict(os.environ, PYTHONPATH=REPO, SNOWFLAKE_WORKER_URL=sqlite_db.url_string)
+        result = subprocess.run(
+            [sys.executable, "-m", "snowflake_db.cli", "workers", "list"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert f"\n{lease.worker_id} " in result.stdout and " live " in result.stdout
