@@ -157,7 +157,7 @@ class ShardedRouting:
         return self._all() if shard is None else self._targets([shard])
 
     def execute_chooser(self, context: ORMExecuteState) -> list[str]:
-        if context.lazy_loaded_from is not None:
+        if context.is_select and context.lazy_loaded_from is not None:
             token = context.lazy_loaded_from.identity_token
             if token is not None:
                 return [str(token)]
