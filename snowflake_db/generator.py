@@ -274,11 +274,11 @@ class SnowflakeGenerator:
 
         def next_id() -> int:
             start, end, take = generator._window
-            if start <= raw_clock() < end:
-                try:
+            try:
+                if start <= raw_clock() < end:
                     return take()
-                except StopIteration:
-                    pass
+            except (StopIteration, TypeError):
+                pass  # a drained window, or a clock reading that is no int: the slow path says
             return slow()
 
         next_id.__doc__ = SnowflakeGenerator.next_id.__doc__

@@ -24,6 +24,9 @@ DEFAULT_EPOCH_MS = 1_577_836_800_000
 
 _DateTime = datetime  # the decoded ID has a field named ``datetime``
 
+#: 10000-01-01T00:00:00Z in Unix ms: a layout must run out by then to decode every ID.
+_DATETIME_LIMIT_MS = 253_402_300_800_000
+
 #: Bits available to a layout: a signed 64-bit integer keeps its sign bit 0.
 USABLE_BITS = 63
 
@@ -105,6 +108,12 @@ class Layout:
             error=InvalidLayoutError,
             limit_note="the epoch must not lie in the future",
         )
+        if self.epoch_ms + (self.max_tick + 1) * self.tick_ms > _DATETIME_LIMIT_MS:
+            raise InvalidLayoutError(
+                f"time_bits={self.time_bits} with tick_ms={self.tick_ms} would last past "
+                "9999-12-31, the last date a datetime can hold, so its IDs could not be "
+                "decoded; use fewer time bits or a shorter tick"
+            )
 
     # -- sizes -------------------------------------------------------------------------------
 

@@ -13,7 +13,12 @@ from typing import Any
 
 from ._validate import require_int
 from .clock import Clock
-from .errors import ForkedWorkerIdError, InvalidArgumentError, NotConfiguredError
+from .errors import (
+    ForkedWorkerIdError,
+    GeneratorClosedError,
+    InvalidArgumentError,
+    NotConfiguredError,
+)
 from .generator import SnowflakeGenerator
 from .layout import Layout
 from .lease import WorkerAllocator
@@ -30,9 +35,13 @@ _NOT_CONFIGURED_HELP = (
     f"the environment variable {WORKER_URL_ENV} (a database URL) or {WORKER_ID_ENV} (an integer)"
 )
 
-_lock = threading.Lock()
+# Re-entrant: configuring from the environment runs configure() while holding it.
+_lock = threading.RLock()
 _generator: SnowflakeGenerator | None = None
 _forked_from_pid: int | None = None
+# The clock and last tick of each retired static generator, so that a later generator with the
+# same worker ID, layout and clock (configure(5), configure(6), configure(5)) starts above it.
+_retired_ticks: dict[tuple[Layout, int], tuple[Clock, int]] = {}
 
 
 def _unconfigured_next_id() -> int:
@@ -44,7 +53,11 @@ _next_id: Callable[[], int] = _unconfigured_next_id
 
 def snowflake_default() -> int:
     """The next ID from the process-wide generator: use it as a column or field default."""
-    return _next_id()
+    try:
+        return _next_id()
+    except GeneratorClosedError:
+        # configure() replaced the generator while this call was in flight: use the new one.
+        return get_generator().next_id()
 
 
 def configure(
@@ -63,7 +76,8 @@ def configure(
     Extra keyword arguments go to :class:`SnowflakeGenerator`.
     """
     if worker_id is None and allocator is None:
-        return _configure_from_environment(layout=layout, clock=clock, **generator_options)
+        with _lock:
+            return _configure_from_environment(layout=layout, clock=clock, **generator_options)
     generator = SnowflakeGenerator(
         worker_id, layout=layout, clock=clock, allocator=allocator, **generator_options
     )
@@ -72,11 +86,14 @@ def configure(
 
 
 def get_generator() -> SnowflakeGenerator:
-    """The process-wide generator, configured from the environment if need be."""
+    """The process-wide generator, configured from the environment (once) if need be."""
+    generator = _generator
+    if generator is not None:
+        return generator
     with _lock:
         if _generator is not None:
             return _generator
-    return _configure_from_environment()
+        return _configure_from_environment()
 
 
 def reset() -> None:
@@ -85,29 +102,40 @@ def reset() -> None:
     with _lock:
         previous, _generator = _generator, None
         _next_id = _unconfigured_next_id
-    if previous is not None:
-        previous.close()
+        if previous is not None:
+            _retire(previous)
 
 
 def _install(generator: SnowflakeGenerator) -> None:
+    """Replace the process-wide generator without ever letting two issue from the same ticks.
+
+    The old generator is closed first: from then on it can only hand out what is left of the
+    windows it already opened. The new one starts above the last tick its worker ID used here.
+    """
     global _generator, _next_id  # noqa: PLW0603
     with _lock:
-        previous, _generator = _generator, generator
+        previous = _generator
+        if previous is not None and previous is not generator:
+            _retire(previous)
+        if generator.worker_id is not None:
+            retired = _retired_ticks.get((generator.layout, generator.worker_id))
+            if retired is not None and retired[0] is generator.clock:
+                with generator._lock:
+                    generator._last_tick = max(generator._last_tick, retired[1])
+        _generator = generator
         _next_id = generator.next_id
-    if previous is not None and previous is not generator:
-        _continue_after(previous, generator)
-        previous.close()
 
 
-def _continue_after(previous: SnowflakeGenerator, generator: SnowflakeGenerator) -> None:
-    """A replacement with the same static worker ID starts above the ticks already used."""
-    if (
-        previous.worker_id is not None
-        and previous.worker_id == generator.worker_id
-        and previous.layout == generator.layout
-    ):
-        with generator._lock:
-            generator._last_tick = max(generator._last_tick, previous._last_tick)
+def _retire(generator: SnowflakeGenerator) -> None:
+    worker_id = generator.worker_id
+    generator.close()
+    if worker_id is not None:
+        key = (generator.layout, worker_id)
+        previous = _retired_ticks.get(key)
+        last_tick = generator._last_tick
+        if previous is not None and previous[0] is generator.clock:
+            last_tick = max(last_tick, previous[1])
+        _retired_ticks[key] = (generator.clock, last_tick)
 
 
 def _configure_from_environment(
@@ -145,7 +173,7 @@ def _after_fork_in_child() -> None:
     global _forked_from_pid  # noqa: PLW0603
     global _lock  # noqa: PLW0603
     _forked_from_pid = os.getppid()
-    _lock = threading.Lock()
+    _lock = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
