@@ -1,0 +1,177 @@
+"""Django ``bulk_create`` on PostgreSQL: ``BigAutoField`` vs ``SnowflakeAutoField``, same run.
+
+Run it with ``.venv/bin/python benchmarks/bench_django.py`` (200,000 orders per key kind;
+``--rows 50000`` for a quicker run, ``--check`` to exit 1 when the target is missed). It creates a
+scratch database on the server at ``--url`` (default ``SNOWFLAKE_BENCH_POSTGRES_URL``, else
+``SNOWFLAKE_TEST_POSTGRES_URL``, else the local server) and drops it afterwards.
+
+Two tables with the same columns differ only in the primary key: a ``BigAutoField`` (identity
+column; PostgreSQL returns the generated keys with ``RETURNING``) and a ``SnowflakeAutoField``
+(plain ``BIGINT``; the key is made by ``snowflake_default()`` when the model is instantiated, so
+instantiation is inside the timed region for both kinds). Each round builds ``--round`` model
+instances per kind and saves them with ``bulk_create(batch_size=--batch)``; the kind that goes
+first alternates every round, so background load hits both alike.
+
+Target (DESIGN.md): Snowflake ``bulk_create`` rows/s >= 0.95 x ``BigAutoField``. This is a report,
+never a unit test: on a busy machine absolute numbers move between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+TARGET_RATIO = 0.95
+
+
+def _setup_django(url: Any) -> tuple[Any, Any, Any]:
+    from django.conf import settings
+
+    settings.configure(
+        DEBUG=False,
+        USE_TZ=True,
+        INSTALLED_APPS=["snowflake_db.django"],
+        DATABASES={
+            "default": {
+                "ENGINE": "django.db.backends.postgresql",
+                "NAME": url.database,
+                "USER": url.username or "",
+                "PASSWORD": url.password or "",
+                "HOST": url.host or "",
+                "PORT": str(url.port or ""),
+            }
+        },
+        SNOWFLAKE_DB={"WORKER_SOURCE": "static", "WORKER_ID": 1},
+    )
+    import django
+
+    django.setup()
+    from django.db import connection, models
+
+    from snowflake_db.django import SnowflakeAutoField
+
+    class Columns(models.Model):
+        customer_id = models.BigIntegerField()
+        total_cents = models.IntegerField()
+        status = models.CharField(max_length=16)
+
+        class Meta:
+            abstract = True
+
+    # The tables are created with the schema editor below, so they borrow this app's label.
+    class BigAutoOrder(Columns):
+        id = models.BigAutoField(primary_key=True)
+
+        class Meta:
+            app_label = "snowflake_db"
+            db_table = "bench_order_bigauto"
+
+    class SnowflakeOrder(Columns):
+        id = SnowflakeAutoField(primary_key=True)
+
+        class Meta:
+            app_label = "snowflake_db"
+            db_table = "bench_order_snowflake"
+
+    with connection.schema_editor() as editor:
+        editor.create_model(BigAutoOrder)
+        editor.create_model(SnowflakeOrder)
+    return connection, BigAutoOrder, SnowflakeOrder
+
+
+def _round(model: Any, start: int, count: int, batch: int) -> float:
+    began = time.perf_counter()
+    objects = [
+        model(customer_id=(start + i) % 5000, total_cents=start + i, status="new")
+        for i in range(count)
+    ]
+    model.objects.bulk_create(objects, batch_size=batch)
+    return time.perf_counter() - began
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rows", type=int, default=200_000, help="orders per key kind")
+    parser.add_argument("--round", type=int, default=10_000, help="orders per kind per round")
+    parser.add_argument("--batch", type=int, default=1000, help="bulk_create batch_size")
+    parser.add_argument("--url", default=os.environ.get(
+        "SNOWFLAKE_BENCH_POSTGRES_URL", os.environ.get("SNOWFLAKE_TEST_POSTGRES_URL", DEFAULT_URL)
+    ))
+    parser.add_argument("--check", action="store_true", help="exit 1 if the target is missed")
+    args = parser.parse_args(argv)
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    server = make_url(args.url)
+    name = f"sfdb_bench_django_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        connection, big_model, snow_model = _setup_django(server.set(database=name))
+        import django
+
+        from snowflake_db import get_generator
+
+        totals = {"BigAutoField": 0.0, "SnowflakeAutoField": 0.0}
+        kinds = [("BigAutoField", big_model), ("SnowflakeAutoField", snow_model)]
+        # Warm-up: connection, statement paths, the generator's first tick.
+        for _, model in kinds:
+            _round(model, 0, 1000, args.batch)
+            model.objects.all().delete()
+        done, number = 0, 0
+        while done < args.rows:
+            count = min(args.round, args.rows - done)
+            order = kinds if number % 2 == 0 else kinds[::-1]
+            for label, model in order:
+                totals[label] += _round(model, done, count, args.batch)
+            done += count
+            number += 1
+        with connection.cursor() as cursor:
+            sizes = {}
+            for label, model in kinds:
+                table = model._meta.db_table
+                cursor.execute("SELECT pg_indexes_size(%s), count(*) FROM " + table, [table])
+                index_bytes, rows = cursor.fetchone()
+                sizes[label] = (index_bytes, rows)
+            cursor.execute("SHOW server_version")
+            server_version = cursor.fetchone()[0]
+        connection.close()
+        get_generator().close()
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    rate = {label: args.rows / seconds for label, seconds in totals.items()}
+    ratio = rate["SnowflakeAutoField"] / rate["BigAutoField"]
+    print(f"Django {django.get_version()} bulk_create on PostgreSQL {server_version}, "
+          f"CPython {platform.python_version()}: {args.rows:,} orders per kind, rounds of "
+          f"{args.round:,}, batch_size={args.batch}")
+    print()
+    print(f"| {'primary key':<20} | {'rows/s':>10} | {'seconds':>8} | {'PK index MiB':>12} "
+          f"| {'rows':>8} |")
+    print(f"|{'-' * 22}|{'-' * 12}|{'-' * 10}|{'-' * 14}|{'-' * 10}|")
+    for label, _ in kinds:
+        index_bytes, rows = sizes[label]
+        print(f"| {label:<20} | {rate[label]:>10,.0f} | {totals[label]:>8.2f} | "
+              f"{index_bytes / 2**20:>12.1f} | {rows:>8,} |")
+    verdict = "PASS" if ratio >= TARGET_RATIO else "FAIL"
+    print()
+    print(f"SnowflakeAutoField / BigAutoField = {ratio:.3f} "
+          f"(target >= {TARGET_RATIO:.2f}): {verdict}")
+    return 1 if args.check and ratio < TARGET_RATIO else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
