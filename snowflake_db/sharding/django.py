@@ -156,11 +156,16 @@ class ShardedDatabaseRouter:
             return None
         instance = hints.get("instance")
         if instance is not None:
+            sharded = rule_of(type(instance)) is not None
+            if sharded and type(instance) is model and instance._state.adding:
+                # A new row: its fields decide (assigning a parent already set _state.db, but
+                # the primary key must agree with it).
+                if instance.pk is None:
+                    ensure_pk(instance)
+                return alias_for_instance(instance)
             if instance._state.db is not None:
                 return str(instance._state.db)  # loaded rows and related managers stay put
-            if rule_of(type(instance)) is not None:
-                if type(instance) is model and instance.pk is None:
-                    ensure_pk(instance)
+            if sharded:
                 return alias_for_instance(instance)
         raise ShardingError(
             f"cannot tell which shard to {action} {model.__name__} on: use "
