@@ -9,13 +9,14 @@ extension point: ``fields``, ``apps``, ``models`` (worker tables) and ``migratio
 
 from __future__ import annotations
 
+from ..layout import SnowflakeId
 from .fields import SnowflakeAutoField, SnowflakeField, is_snowflake_field
 
 __all__ = ["SnowflakeAutoField", "SnowflakeField", "decode", "is_snowflake_field"]
 
 
-def decode(snowflake_id: int):  # type: ignore[no-untyped-def]
-    """Decode an ID with the layout of ``SNOWFLAKE_DB``."""
+def decode(snowflake_id: int) -> SnowflakeId:
+    """Decode an ID with the layout of ``SNOWFLAKE_DB`` (which may differ from the default)."""
     from .conf import get_layout
 
     return get_layout().decode(snowflake_id)

@@ -262,6 +262,8 @@ def test_table_allocator_leases_and_heartbeats(
         assert slot.high_water_ms >= LAYOUT.decode(second).timestamp_ms
 
 
+# Forking beside the heartbeat thread is the real scenario (gunicorn --preload does it too).
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_prefork_children_each_lease_their_own_worker_id(
     tx_backend: str, table_allocator: DjangoTableWorkerAllocator
 ) -> None:
