@@ -8,8 +8,10 @@ concurrent test runs never share one. ``UNAVAILABLE`` records why a backend is m
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -22,7 +24,8 @@ from tests.plugins.databases import server_url
 pymysql.install_as_MySQLdb()  # Django's MySQL backend imports MySQLdb
 
 _RUN = f"sfdb_dj_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-WORK_DIR = Path(os.environ.get("SNOWFLAKE_DJANGO_WORK_DIR") or tempfile.mkdtemp(prefix=_RUN))
+WORK_DIR = Path(tempfile.mkdtemp(prefix=_RUN))
+atexit.register(shutil.rmtree, WORK_DIR, ignore_errors=True)
 
 SECRET_KEY = "snowflake-db-tests-not-secret"
 DEBUG = False
