@@ -104,3 +104,14 @@ def test_load_on_four_postgresql_shards(
     assert len(set(home.values())) == 4
     workers = {SHOP_LAYOUT.decode(i).worker_id for i in found_on}
     assert len(workers) >= 4  # each process leased its own worker ID from the control database
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_demo_on_mariadb(module: str, database_factory: Callable[[str], ScratchDatabase]) -> None:
+    control, *shards = (database_factory("mariadb") for _ in range(3))
+    args = ["--control-url", control.url_string, "--orders", "400", "--processes", "2", "-q"]
+    for shard in shards:
+        args += ["--shard-url", shard.url_string]
+    result = run_demo(module, *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "zero duplicate IDs (400 stored, 400 distinct)" in result.stdout
