@@ -93,7 +93,7 @@ def test_autogenerate_renders_bigint_and_then_finds_no_diff(
     assert _function_body(again, "downgrade") == "pass", again
 
 
-@pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb", "sqlite"])
 def test_worker_table_operations_mirror_the_schema(
     backend: str, database_factory: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
