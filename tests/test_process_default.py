@@ -191,6 +191,20 @@ def test_switching_worker_ids_back_and_forth_never_reissues_ids() -> None:
     assert following > max(i for i in issued if decode(i).worker_id == 5)
 
 
+def test_reset_then_the_same_worker_id_never_reissues_ids() -> None:
+    clock = FakeClock(T0)
+    snowflake_db.configure(worker_id=5, clock=clock, max_wait_ms=10)
+    issued = [snowflake_default() for _ in range(100)]
+    snowflake_db.reset()
+    snowflake_db.configure(worker_id=5, clock=clock, max_wait_ms=10)
+    try:
+        following = snowflake_default()
+    except ClockStalledError:
+        clock.advance(1)
+        following = snowflake_default()
+    assert following > max(issued)
+
+
 def test_reconfiguring_while_other_threads_issue_never_duplicates() -> None:
     """configure() replaces the generator while requests keep calling snowflake_default()."""
     snowflake_db.configure(worker_id=5)
