@@ -174,8 +174,11 @@ def test_deterministic_ids_restores_after_an_exception() -> None:
 # -- the pytest plugin -------------------------------------------------------------------------
 
 
-def test_snowflake_ids_fixture_as_documented(pytester: pytest.Pytester) -> None:
+def test_snowflake_ids_fixture_as_documented(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A user's conftest enables the plugin; the fixture gives fixed IDs, then restores."""
+    monkeypatch.delenv("DJANGO_SETTINGS_MODULE", raising=False)  # set by tests/django
     pytester.makeconftest('pytest_plugins = ["snowflake_db.testing"]\n')
     expected = [
         DEFAULT_LAYOUT.encode(timestamp_ms=T0, worker_id=1, sequence=sequence)
