@@ -12,6 +12,8 @@ import multiprocessing
 import os
 import pickle
 import random
+import select
+import signal
 import sys
 import threading
 import time
@@ -58,6 +60,9 @@ def error_report(error: BaseException) -> dict[str, str]:
     return {"error": type(error).__name__, "message": str(error)}
 
 
+FORK_TIMEOUT_S = 60
+
+
 def run_in_fork(child: Callable[[], Any], fork: Callable[[], int] = os.fork) -> Any:
     """Run ``child`` in a forked child; return its result or a report of its exception."""
     read_fd, write_fd = os.pipe()
@@ -76,11 +81,22 @@ def run_in_fork(child: Callable[[], Any], fork: Callable[[], int] = os.fork) -> 
         finally:
             os._exit(exit_code)
     os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        payload = pipe.read()
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + FORK_TIMEOUT_S
+    with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+        while True:  # never let a stuck child hang the suite
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([pipe], [], [], remaining)[0]:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail(f"the forked child gave no answer within {FORK_TIMEOUT_S} s")
+            chunk = pipe.read(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the forked child crashed"
-    return pickle.loads(payload)
+    return pickle.loads(b"".join(chunks))
 
 
 # -- threads -----------------------------------------------------------------------------------
@@ -284,7 +300,9 @@ def test_forked_child_closing_an_inherited_generator_never_releases_the_parent_l
 def test_fork_that_skips_python_fork_hooks_is_caught_at_the_next_tick() -> None:
     """uWSGI forks from C and runs Python's fork hooks only when told to (see README): the
     process ID check must still refuse the inherited static worker ID from the next tick on."""
-    libc_fork = ctypes.CDLL(None, use_errno=True).fork
+    # PyDLL keeps the GIL across the call, so the child never waits for a GIL held by a thread
+    # that was not copied into it.
+    libc_fork = ctypes.PyDLL(None, use_errno=True).fork
     clock = FakeClock(DEFAULT_FAKE_START_MS)
     generator = SnowflakeGenerator(5, clock=clock)
     generator.next_ids(10)
