@@ -372,7 +372,7 @@ def test_multiprocessing_fork_pool_with_distinct_worker_ids() -> None:
     context = multiprocessing.get_context("fork")
     counter = context.Value("i", 0)
     with context.Pool(2, initializer=_configure_pool_worker, initargs=(counter,)) as pool:
-        batches = pool.map(_pool_task, [10_000] * 6)
+        batches = pool.map_async(_pool_task, [10_000] * 6).get(timeout=120)
     parent_ids += [snowflake_db.snowflake_default() for _ in range(1000)]
     child_ids = [i for batch in batches for i in batch]
     assert all(is_strictly_increasing(batch) for batch in batches)
