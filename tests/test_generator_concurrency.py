@@ -35,8 +35,6 @@ from snowflake_db import (
 from snowflake_db.testing import DEFAULT_FAKE_START_MS, FakeClock
 from tests.test_generator_clock import FakeAllocator
 
-decode = DEFAULT_LAYOUT.decode
-
 
 @pytest.fixture(autouse=True)
 def _fresh_process_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
@@ -49,14 +47,17 @@ def _fresh_process_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def is_strictly_increasing(ids: list[int]) -> bool:
+    """One caller's IDs must increase; across callers only uniqueness is promised."""
     return all(earlier < later for earlier, later in pairwise(ids))
 
 
 def worker_ids_of(ids: list[int]) -> set[int]:
+    """Worker IDs by bit arithmetic: decoding hundreds of thousands of IDs would be slow."""
     return {(i >> DEFAULT_LAYOUT.worker_shift) & DEFAULT_LAYOUT.max_worker_id for i in ids}
 
 
 def error_report(error: BaseException) -> dict[str, str]:
+    """Exceptions do not always pickle; their class name and message always do."""
     return {"error": type(error).__name__, "message": str(error)}
 
 
