@@ -1,10 +1,10 @@
 """The control database goes away while IDs are being issued: the generator fences (no ID after
 its local deadline), then recovers when the heartbeat gets through again; zero duplicates.
 
-PostgreSQL: the heartbeat's connections are terminated (pg_terminate_backend) and new ones are
-refused (ALLOW_CONNECTIONS false). MariaDB: the allocator's own user is locked (ACCOUNT LOCK) and
-its connections are killed (KILL CONNECTION). SQLite: another process-like connection holds the
-file's exclusive lock.
+PostgreSQL: the allocator's (heartbeat's) connections are terminated (pg_terminate_backend) and
+new ones are refused (ALLOW_CONNECTIONS false). MariaDB: the allocator's own user is locked
+(ACCOUNT LOCK) and its connections are killed (KILL CONNECTION). SQLite: another connection holds
+the file's exclusive lock.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, text
 
 from snowflake_db import LeaseExpiredError, SnowflakeError, SnowflakeGenerator, WorkerLeaseError
 from snowflake_db.worker import TableLease, TableWorkerAllocator
-from snowflake_db.worker.connection import HEARTBEAT_APPLICATION_NAME
+from snowflake_db.worker.connection import APPLICATION_NAME
 
 from .plugins.databases import ScratchDatabase, server_url
 
@@ -79,13 +79,13 @@ class Outage:
         finally:
             engine.dispose()
 
-    def kill_heartbeat_connections(self) -> int:
+    def kill_allocator_connections(self) -> int:
         if self.database.backend == "postgresql":
             return len(
                 self._admin(
                     fetch="SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                     f"WHERE datname = '{self.database.name}' "
-                    f"AND application_name = '{HEARTBEAT_APPLICATION_NAME}'"
+                    f"AND application_name = '{APPLICATION_NAME}'"
                 )
             )
         return self._kill_mariadb()
@@ -166,10 +166,10 @@ def test_connections_killed_then_database_unreachable_fences_and_recovers(
         lease = gen.lease
         assert isinstance(lease, TableLease)
         with recording(gen) as recorder:
-            # 1. Killing the heartbeat's connections alone: it reconnects and keeps renewing.
+            # 1. Killing the allocator's connections alone: the heartbeat reconnects and renews.
             assert _wait_for(lambda: lease.renewals >= 1, 10)
             if any_db.backend != "sqlite":
-                assert outage.kill_heartbeat_connections() >= 1
+                assert outage.kill_allocator_connections() >= 1
                 renewals = lease.renewals
                 assert _wait_for(lambda: lease.renewals >= renewals + 2, 10)
                 assert not lease.lost

@@ -18,11 +18,15 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
@@ -40,8 +44,6 @@ from ..errors import (
 from ..layout import DEFAULT_LAYOUT, Layout
 from . import forking
 from .connection import (
-    ALLOCATOR_APPLICATION_NAME,
-    HEARTBEAT_APPLICATION_NAME,
     check_supported,
     make_engine,
     safe_url_text,
@@ -52,6 +54,7 @@ from .schema import DEFAULT_REGISTRATIONS_TABLE, DEFAULT_SLOTS_TABLE, NAME_LENGT
 from .store import Claim, SlotRow, WorkerStore
 
 logger = logging.getLogger("snowflake_db.worker")
+_T = TypeVar("_T")
 
 #: Default lease length: a crashed holder's worker ID is reusable this long after its last renewal.
 DEFAULT_LEASE_SECONDS = 30.0
@@ -132,18 +135,7 @@ class TableWorkerAllocator:
         )
         timeout = min(10.0, max(1.0, self.lease_seconds / 3))
         try:
-            self._engine = make_engine(
-                self.url,
-                timeout_seconds=timeout,
-                application_name=ALLOCATOR_APPLICATION_NAME,
-                pooled=False,
-            )
-            self._heartbeat_engine = make_engine(
-                self.url,
-                timeout_seconds=timeout,
-                application_name=HEARTBEAT_APPLICATION_NAME,
-                pooled=True,
-            )
+            self._engine = make_engine(self.url, timeout_seconds=timeout)
         except ModuleNotFoundError as error:
             raise ModuleNotFoundError(
                 f"the database driver for {safe_url_text(self.url)} is not installed "
@@ -274,7 +266,6 @@ class TableWorkerAllocator:
         for lease in self._heartbeat.leases:
             self._release(lease)
         self._engine.dispose()
-        self._heartbeat_engine.dispose()
 
     def __enter__(self) -> TableWorkerAllocator:
         return self
@@ -294,9 +285,11 @@ class TableWorkerAllocator:
         self._require_tables()
         pid = os.getpid()
         with self._engine.connect() as connection:
-            registration_id = self._register(connection, pid)
+            # The common case is one transaction: register, claim the preferred slot, commit.
+            registration_id, lease = _retry_conflicts(
+                lambda: self._register_and_claim(connection, pid, layout, clock)
+            )
             preferred = registration_id & layout.max_worker_id
-            lease = self._try_slot(connection, preferred, registration_id, layout, clock)
             tally = _Tally()
             for _ in range(_SCAN_ROUNDS):
                 if lease is not None:
@@ -307,27 +300,62 @@ class TableWorkerAllocator:
                 if not candidates:
                     break
                 for worker_id in candidates:
-                    lease = self._try_slot(connection, worker_id, registration_id, layout, clock)
+                    lease = _retry_conflicts(
+                        partial(
+                            self._claim_in_transaction,
+                            connection,
+                            worker_id,
+                            registration_id,
+                            layout,
+                            clock,
+                        )
+                    )
                     if lease is not None:
                         break
             if lease is None:
                 with connection.begin():
                     self.store.forget_registration(connection, registration_id=registration_id)
                 raise self._exhausted(layout, tally)
+        # Committed: only now may the heartbeat renew it and the generator use it.
         self._heartbeat.add(lease)
         self._wait_for_floor(lease, clock)
         return lease
 
+    def _register_and_claim(
+        self, connection: Connection, pid: int, layout: Layout, clock: Clock
+    ) -> tuple[int, TableLease | None]:
+        with connection.begin():
+            registration_id = self._register(connection, pid)
+            preferred = registration_id & layout.max_worker_id
+            return registration_id, self._try_slot(
+                connection, preferred, registration_id, layout, clock
+            )
+
+    def _claim_in_transaction(
+        self,
+        connection: Connection,
+        worker_id: int,
+        registration_id: int,
+        layout: Layout,
+        clock: Clock,
+    ) -> TableLease | None:
+        with connection.begin():
+            return self._try_slot(connection, worker_id, registration_id, layout, clock)
+
     def _register(self, connection: Connection, pid: int) -> int:
-        """Insert a registration row; retry a few times if the generated key already exists
-        (a sequence reset by a restore, or reused auto-increment values)."""
+        """Insert a registration row (inside the caller's transaction); retry a few times if
+        the generated key already exists (a sequence reset by a restore, reused values)."""
         for attempt in range(_REGISTER_ATTEMPTS):
+            savepoint = connection.begin_nested()
             try:
-                with connection.begin():
-                    return self.store.register(connection, hostname=self.hostname, pid=pid)
+                registration_id = self.store.register(connection, hostname=self.hostname, pid=pid)
             except IntegrityError:
+                savepoint.rollback()
                 if attempt == _REGISTER_ATTEMPTS - 1:
                     raise
+                continue
+            savepoint.commit()
+            return registration_id
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _try_slot(
@@ -338,50 +366,50 @@ class TableWorkerAllocator:
         layout: Layout,
         clock: Clock,
     ) -> TableLease | None:
-        """One atomic claim attempt on ``worker_id``; ``None`` if it is not ours to take."""
+        """One atomic claim of ``worker_id`` inside the caller's transaction.
+
+        Returns ``None`` if the slot is not ours to take. The claim runs in a savepoint so a
+        refusal (a duplicate key aborts the whole transaction on PostgreSQL otherwise, or a
+        high-water mark too far ahead) undoes only the claim. The lease is usable only once the
+        caller has committed.
+        """
         token = secrets.token_hex(16)
-        lease_ms = round(self.lease_seconds * 1000)
         claim = Claim(
             worker_id=worker_id,
             token=token,
             registration_id=registration_id,
             hostname=self.hostname,
             pid=os.getpid(),
-            lease_ms=lease_ms,
+            lease_ms=round(self.lease_seconds * 1000),
         )
+        # Before the claim statement: the database computes the expiry later than this.
         started = time.monotonic()
-        floor_ms: int | None = None
-        with connection.begin() as transaction:
+        savepoint = connection.begin_nested()
+        try:
             if self.store.claim_existing(connection, claim):
                 floor = self.store.held_high_water(connection, worker_id=worker_id, token=token)
                 now_ms = clock()
                 if floor - now_ms > self.max_floor_wait_ms:
-                    transaction.rollback()  # the slot stays as it was: free or expired
+                    savepoint.rollback()  # the slot stays as it was: free or expired
                     return None
                 high_water_ms = max(floor, now_ms) + self.reserve_ahead_ms
                 self.store.set_high_water(
                     connection, worker_id=worker_id, token=token, high_water_ms=high_water_ms
                 )
                 floor_ms = floor if floor > 0 else None
-                claimed = True
             else:
-                claimed = False
-            if claimed:
-                self.store.note_worker(
-                    connection, registration_id=registration_id, worker_id=worker_id
-                )
-        if not claimed:
-            # A row that does not exist yet: INSERT, in a transaction of its own because a
-            # duplicate-key error aborts the transaction on PostgreSQL.
-            high_water_ms = clock() + self.reserve_ahead_ms
-            started = time.monotonic()
-            with connection.begin() as transaction:
+                # No row yet, or a live holder: INSERT, the primary key decides.
+                high_water_ms = clock() + self.reserve_ahead_ms
                 if not self.store.claim_new(connection, claim, high_water_ms=high_water_ms):
-                    transaction.rollback()
+                    savepoint.rollback()
                     return None
-                self.store.note_worker(
-                    connection, registration_id=registration_id, worker_id=worker_id
-                )
+                floor_ms = None
+            self.store.note_worker(connection, registration_id=registration_id, worker_id=worker_id)
+            savepoint.commit()
+        except BaseException:
+            if savepoint.is_active:
+                savepoint.rollback()
+            raise
         return TableLease(
             worker_id=worker_id,
             token=token,
@@ -452,46 +480,29 @@ class TableWorkerAllocator:
 
     def _reserve(self, label: str, layout: Layout, worker_id: int | None) -> int:
         self._require_tables()
+        pid = os.getpid()
+        # A given slot, else the highest first (registrations start at the low end).
+        order = [worker_id] if worker_id is not None else range(layout.max_worker_id, -1, -1)
         with self._engine.connect() as connection:
             with connection.begin():
-                rows = self.store.slots(connection)
-            registration_id = self._register(connection, os.getpid())
-            by_id = {row.worker_id: row for row in rows}
-            if worker_id is not None:
-                order = [worker_id]
-            else:
-                order = list(range(layout.max_worker_id, -1, -1))
+                registration_id = self._register(connection, pid)
+                rows = {row.worker_id: row for row in self.store.slots(connection)}
             for candidate in order:
-                row = by_id.get(candidate)
+                row = rows.get(candidate)
                 if row is not None and (row.live or row.high_water_ms > row.db_now_ms):
-                    continue
-                token = secrets.token_hex(16)
+                    continue  # a hint only: the claim below re-checks atomically
                 claim = Claim(
                     worker_id=candidate,
-                    token=token,
+                    token=secrets.token_hex(16),
                     registration_id=registration_id,
                     hostname=self.hostname,
-                    pid=os.getpid(),
+                    pid=pid,
                     lease_ms=None,
                     label=label,
                 )
                 with connection.begin():
-                    claimed = self.store.claim_existing(connection, claim)
-                    if claimed:
-                        self.store.note_worker(
-                            connection, registration_id=registration_id, worker_id=candidate
-                        )
-                if not claimed and row is None:
-                    with connection.begin() as transaction:
-                        claimed = self.store.claim_new(connection, claim, high_water_ms=0)
-                        if not claimed:
-                            transaction.rollback()
-                        else:
-                            self.store.note_worker(
-                                connection, registration_id=registration_id, worker_id=candidate
-                            )
-                if claimed:
-                    return candidate
+                    if self._claim_reserved(connection, claim):
+                        return candidate
             with connection.begin():
                 self.store.forget_registration(connection, registration_id=registration_id)
         if worker_id is not None:
@@ -504,6 +515,31 @@ class TableWorkerAllocator:
             "or have a high-water mark ahead of the database clock"
         )
 
+    def _claim_reserved(self, connection: Connection, claim: Claim) -> bool:
+        """Claim a slot permanently, only if its high-water mark is behind the database clock
+        (a server-side function issues with the database clock)."""
+        savepoint = connection.begin_nested()
+        try:
+            if self.store.claim_existing(connection, claim):
+                mark = self.store.held_high_water(
+                    connection, worker_id=claim.worker_id, token=claim.token
+                )
+                if mark > self.store.now_ms(connection):
+                    savepoint.rollback()
+                    return False
+            elif not self.store.claim_new(connection, claim, high_water_ms=0):
+                savepoint.rollback()
+                return False
+            self.store.note_worker(
+                connection, registration_id=claim.registration_id, worker_id=claim.worker_id
+            )
+            savepoint.commit()
+        except BaseException:
+            if savepoint.is_active:
+                savepoint.rollback()
+            raise
+        return True
+
     # -- holding ---------------------------------------------------------------------------------
 
     def _renew(self, lease: TableLease) -> None:
@@ -514,7 +550,7 @@ class TableWorkerAllocator:
         started = time.monotonic()
         try:
             high_water_ms = max(lease.high_water_ms, lease.clock() + self.reserve_ahead_ms)
-            with self._heartbeat_engine.begin() as connection:
+            with self._engine.begin() as connection:
                 renewed = self.store.renew(
                     connection,
                     worker_id=lease.worker_id,
@@ -592,7 +628,6 @@ class TableWorkerAllocator:
     def _after_fork_in_child(self, parent_pid: int) -> None:
         self._lock = threading.Lock()
         self._engine.dispose(close=False)
-        self._heartbeat_engine.dispose(close=False)
         for lease in self._heartbeat.inherited_leases():
             lease.forget_after_fork(parent_pid)
         self._heartbeat = Heartbeat(self._renew, name="snowflake_db-heartbeat")
@@ -642,6 +677,34 @@ class TableWorkerAllocator:
         return AllocatorUnavailableError(
             f"{action}: the worker database {safe_url_text(self.url)} failed: {_describe(error)}"
         )
+
+
+#: Driver error codes of a transaction the server aborted to break a lock conflict: retry it.
+#: MySQL/MariaDB 1213 deadlock, 1205 lock wait timeout; SQLSTATE 40001 serialization failure,
+#: 40P01 deadlock (PostgreSQL).
+_CONFLICT_CODES = {1213, 1205}
+_CONFLICT_SQLSTATES = {"40001", "40P01"}
+_CONFLICT_ATTEMPTS = 5
+
+
+def _is_conflict(error: DBAPIError) -> bool:
+    original = error.orig
+    if getattr(original, "sqlstate", None) in _CONFLICT_SQLSTATES:
+        return True
+    args: tuple[object, ...] = getattr(original, "args", ())
+    return bool(args) and args[0] in _CONFLICT_CODES
+
+
+def _retry_conflicts(attempt: Callable[[], _T]) -> _T:
+    """Run a whole transaction again (bounded) if the server aborted it over a lock conflict."""
+    for number in range(1, _CONFLICT_ATTEMPTS + 1):
+        try:
+            return attempt()
+        except DBAPIError as error:
+            if number == _CONFLICT_ATTEMPTS or not _is_conflict(error):
+                raise
+            time.sleep(random.uniform(0.005, 0.05) * number)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _describe(error: BaseException) -> str:

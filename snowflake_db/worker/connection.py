@@ -1,9 +1,10 @@
-"""Engines the allocator owns: never the application's pool, never its transactions.
+"""The engine an allocator owns: never the application's pool, never its transactions.
 
-Each allocator opens two small engines on the control database's URL: one for acquiring and
-releasing, one for the heartbeat, so a caller's transaction (or rollback) can never include a
-lease statement and a busy application pool can never starve a renewal. Driver timeouts keep a
-hung network from blocking a renewal forever (the generator fences meanwhile anyway).
+Each allocator opens one small private engine on the control database's URL, used by its
+heartbeat thread and for acquiring and releasing, so a caller's transaction (or rollback) can
+never include a lease statement and a busy application pool can never starve a renewal. It keeps
+one idle connection (a prefork server with N workers holds N), checked with a pre-ping. Driver
+timeouts keep a hung network from blocking a renewal forever (the generator fences meanwhile).
 """
 
 from __future__ import annotations
@@ -13,14 +14,12 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
-from sqlalchemy.pool import ConnectionPoolEntry, NullPool
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 
-#: ``application_name`` of the heartbeat's PostgreSQL connections (see pg_stat_activity).
-HEARTBEAT_APPLICATION_NAME = "snowflake_db heartbeat"
-#: ``application_name`` of the connections that acquire and release leases.
-ALLOCATOR_APPLICATION_NAME = "snowflake_db allocator"
+#: ``application_name`` of the allocator's PostgreSQL connections (see pg_stat_activity).
+APPLICATION_NAME = "snowflake_db worker leases"
 
 
 def to_url(url_or_engine: str | URL | Engine) -> URL:
@@ -65,28 +64,27 @@ def check_supported(url: URL) -> None:
             )
 
 
-def make_engine(url: URL, *, timeout_seconds: float, application_name: str, pooled: bool) -> Engine:
-    """A small private engine with driver timeouts, pre-ping and SQLite locking set up.
-
-    ``pooled=False`` (acquire, release, admin: rare) holds no idle connection, so a prefork
-    server with many workers keeps one connection per worker: the heartbeat's.
-    """
+def make_engine(url: URL, *, timeout_seconds: float) -> Engine:
+    """A small private engine with driver timeouts, pre-ping and SQLite locking set up."""
     backend = url.get_backend_name()
     driver = url.get_driver_name()
     query = url.query
     timeout = max(1, round(timeout_seconds))
     connect_args: dict[str, Any] = {}
-    options: dict[str, Any] = (
-        {"pool_pre_ping": True, "pool_size": 1, "max_overflow": 1}
-        if pooled
-        else {"poolclass": NullPool}
-    )
+    # Disconnects (a killed backend, a restarted server) are detected on checkout.
+    # https://docs.sqlalchemy.org/en/20/core/pooling.html#disconnect-handling-pessimistic
+    options: dict[str, Any] = {"pool_pre_ping": True, "pool_size": 1, "max_overflow": 2}
     if backend == "postgresql":
         if "connect_timeout" not in query:
             connect_args["connect_timeout"] = timeout
         if "application_name" not in query and driver in ("psycopg", "psycopg2"):
-            connect_args["application_name"] = application_name
+            connect_args["application_name"] = APPLICATION_NAME
     elif backend in ("mysql", "mariadb"):
+        # READ COMMITTED: InnoDB then takes no gap locks, which deadlock concurrent claims of
+        # not-yet-existing slot rows under REPEATABLE READ. The claim's conditional UPDATE still
+        # re-reads the latest committed row under its row lock.
+        # https://mariadb.com/kb/en/innodb-lock-modes/ (gap locks)
+        options["isolation_level"] = "READ COMMITTED"
         if driver == "pymysql":
             for name in ("connect_timeout", "read_timeout", "write_timeout"):
                 if name not in query:
