@@ -23,10 +23,10 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
@@ -81,8 +81,9 @@ class TableWorkerAllocator:
     """Lease worker IDs from the worker tables of the database at ``url_or_engine``.
 
     ``url_or_engine`` is a URL (string or :class:`sqlalchemy.engine.URL`) or an
-    :class:`~sqlalchemy.Engine`, used for its URL only: the allocator opens its own small engines
-    so no lease statement ever runs in the application's connections or transactions.
+    :class:`~sqlalchemy.Engine`, used for its URL only: the allocator opens its own small engine
+    so no lease statement ever runs in the application's connections or transactions
+    (``engine_options`` adds :func:`sqlalchemy.create_engine` arguments, e.g. ``connect_args``).
 
     Timing: a lease lasts ``lease_seconds`` by the database clock and is renewed every
     ``renew_every`` seconds (default a third of it) by a daemon thread. The generator may issue
@@ -105,6 +106,7 @@ class TableWorkerAllocator:
         reserve_ahead_ms: int | None = None,
         max_floor_wait_ms: int = DEFAULT_MAX_FLOOR_WAIT_MS,
         hostname: str | None = None,
+        engine_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.url = to_url(url_or_engine)
         check_supported(self.url)
@@ -135,7 +137,9 @@ class TableWorkerAllocator:
         )
         timeout = min(10.0, max(1.0, self.lease_seconds / 3))
         try:
-            self._engine = make_engine(self.url, timeout_seconds=timeout)
+            self._engine = make_engine(
+                self.url, timeout_seconds=timeout, engine_options=engine_options
+            )
         except ModuleNotFoundError as error:
             raise ModuleNotFoundError(
                 f"the database driver for {safe_url_text(self.url)} is not installed "

@@ -9,6 +9,7 @@ timeouts keep a hung network from blocking a renewal forever (the generator fenc
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -64,8 +65,14 @@ def check_supported(url: URL) -> None:
             )
 
 
-def make_engine(url: URL, *, timeout_seconds: float) -> Engine:
-    """A small private engine with driver timeouts, pre-ping and SQLite locking set up."""
+def make_engine(
+    url: URL, *, timeout_seconds: float, engine_options: Mapping[str, Any] | None = None
+) -> Engine:
+    """A small private engine with driver timeouts, pre-ping and SQLite locking set up.
+
+    ``engine_options`` are extra :func:`sqlalchemy.create_engine` arguments; its
+    ``connect_args`` are merged over the defaults here.
+    """
     backend = url.get_backend_name()
     driver = url.get_driver_name()
     query = url.query
@@ -92,6 +99,9 @@ def make_engine(url: URL, *, timeout_seconds: float) -> Engine:
     elif backend == "sqlite" and "timeout" not in query:
         # sqlite3's busy timeout: how long a statement waits for another process's lock.
         connect_args["timeout"] = max(30.0, timeout_seconds)
+    extra = dict(engine_options or {})
+    connect_args.update(extra.pop("connect_args", {}) or {})
+    options.update(extra)
     engine = create_engine(url, connect_args=connect_args, **options)
     if backend == "sqlite":
         _serialise_sqlite_writes(engine)
