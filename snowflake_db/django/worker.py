@@ -39,7 +39,6 @@ __all__ = [
 _DJANGO_ONLY_OPTIONS = {
     "postgresql": {"isolation_level", "server_side_binding", "pool", "assume_role", "pool_size"},
     "mysql": {"isolation_level"},
-    "sqlite": {"init_command", "transaction_mode", "timeout"},
 }
 
 
@@ -74,8 +73,8 @@ def sqlalchemy_url(alias: str) -> URL:
         if key not in _DJANGO_ONLY_OPTIONS.get(vendor, set())
     }
     if vendor == "sqlite":
-        name = str(params["NAME"])
-        return URL.create("sqlite", database=name, query={k: str(v) for k, v in options.items()})
+        # Django's SQLite OPTIONS are sqlite3.connect() arguments the allocator sets itself.
+        return URL.create("sqlite", database=str(params["NAME"]))
     if vendor == "postgresql":
         drivername = f"postgresql+{_postgres_driver()}"
     elif vendor == "mysql":
@@ -85,6 +84,8 @@ def sqlalchemy_url(alias: str) -> URL:
             f"database alias {alias!r} uses vendor {vendor!r}; set SNOWFLAKE_DB['ENGINE_URL'] "
             "to a SQLAlchemy URL for it"
         )
+    # Only string and integer OPTIONS fit a URL (e.g. sslmode, options, charset, init_command);
+    # for others (such as a MySQL "ssl" dict) set SNOWFLAKE_DB["ENGINE_URL"].
     port = params.get("PORT")
     return URL.create(
         drivername,
