@@ -21,6 +21,7 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest
+	bash tests/run_django6.sh -q
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_generate.py
