@@ -76,6 +76,9 @@ for o in orders[:8]:
     assert set(counts) == {router.target_for_id(o.pk)}, counts
     assert len(items) == 1
 with count_queries(aliases) as counts:
+    assert Order.objects.get(pk=str(orders[2].pk)).pk == orders[2].pk  # a URL kwarg
+assert set(counts) == {router.target_for_id(orders[2].pk)}
+with count_queries(aliases) as counts:
     mine = list(Order.objects.filter(customer=customers[5]))
 assert len(mine) == 2 and set(counts) == {router.target_for_key(customers[5].pk)}
 with count_queries(aliases) as counts:

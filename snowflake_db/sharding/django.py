@@ -229,7 +229,10 @@ class ShardedQuerySet(models.QuerySet):
             if attname not in names:
                 continue
             values = list(value) if operator == "in" else [value]
-            values = [getattr(v, "pk", v) for v in values]
+            # URL kwargs arrive as strings: convert like the field does ("123" -> 123).
+            field_object = self.model._meta.get_field(field) if field != "pk" \
+                else self.model._meta.pk
+            values = [field_object.to_python(getattr(v, "pk", v)) for v in values]
             if any(v is None for v in values):
                 continue
             aliases = {router.target_of_shard(rule.shard_of_field(router, names[attname], v))
