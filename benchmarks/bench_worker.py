@@ -105,12 +105,18 @@ def rate(call: Callable[[], int], count: int) -> float:
     return count / (time.perf_counter() - started)
 
 
+#: 14 sequence bits (16.4M IDs/s per generator): the tick limit of the default 12 bits (4.1M/s)
+#: would cap both generators and hide any difference between them.
+THROUGHPUT_LAYOUT = Layout(time_bits=39, worker_bits=10, sequence_bits=14)
+
+
 def leased_vs_static(url: str, count: int, rounds: int) -> tuple[float, float, int]:
     """Best next_id() rates of a static and a leased generator, interleaved; and renewals."""
+    layout = THROUGHPUT_LAYOUT
     with TableWorkerAllocator(url, lease_seconds=1.5) as allocator:  # renews every 0.5 s
-        leased = SnowflakeGenerator(allocator=allocator)
+        leased = SnowflakeGenerator(allocator=allocator, layout=layout)
         leased.ensure_worker()
-        static = SnowflakeGenerator(1023 - (leased.worker_id or 0))
+        static = SnowflakeGenerator(1023 - (leased.worker_id or 0), layout=layout)
         static_rates, leased_rates = [], []
         for _ in range(rounds):
             static_rates.append(rate(static.next_id, count))
@@ -163,7 +169,12 @@ def main(argv: list[str] | None = None) -> int:
         if ratio < TARGET_LEASED_RATIO:
             missed.append(f"{backend}: leased/static {ratio:.3f} < {TARGET_LEASED_RATIO}")
     print(
-        f"\ntargets: PostgreSQL warm median <= {TARGET_MEDIAN_MS:.0f} ms; leased/static >= "
+        f"\nIDs/s: next_id() in one thread, layout {THROUGHPUT_LAYOUT.time_bits}/"
+        f"{THROUGHPUT_LAYOUT.worker_bits}/{THROUGHPUT_LAYOUT.sequence_bits} (so the tick limit "
+        "caps neither generator); the leased one renews its lease every 0.5 s meanwhile."
+    )
+    print(
+        f"targets: PostgreSQL warm median <= {TARGET_MEDIAN_MS:.0f} ms; leased/static >= "
         f"{TARGET_LEASED_RATIO} (the database is never on the hot path)"
     )
     if missed:
