@@ -249,10 +249,10 @@ def verify(
     start, end = times[0], times[len(times) // 2]
     expected_count = sum(1 for t in times if start <= t <= end)
     with count_queries(aliases) as counts:
-        found = sum(1 for _ in Order.objects.time_range(start, end).across_shards())
+        in_window = sum(1 for _ in Order.objects.time_range(start, end).across_shards())
     low, high = router.id_range(start, end)
-    checks.check(found == expected_count,
-                 f"time range {iso(start)}..{iso(end)}: {found} orders (expected "
+    checks.check(in_window == expected_count,
+                 f"time range {iso(start)}..{iso(end)}: {in_window} orders (expected "
                  f"{expected_count}) via id BETWEEN {low} AND {high} on {len(counts)} shards")
 
     if options.shard is not None:

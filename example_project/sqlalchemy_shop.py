@@ -298,12 +298,12 @@ def verify(
     times = sorted(router.layout.decode(i).timestamp_ms for i in placed)
     start, end = times[0], times[len(times) // 2]
     low, high = router.id_range(start, end)
-    expected = sum(1 for t in times if start <= t <= end)
+    expected_count = sum(1 for t in times if start <= t <= end)
     with factory() as session, count_queries(engines) as counts:
-        found = session.scalars(select(Order.id).where(Order.id.between(low, high))).all()
-    checks.check(len(found) == expected,
-                 f"time range {iso(start)}..{iso(end)}: {len(found)} orders (expected "
-                 f"{expected}) via "
+        in_window = session.scalars(select(Order.id).where(Order.id.between(low, high))).all()
+    checks.check(len(in_window) == expected_count,
+                 f"time range {iso(start)}..{iso(end)}: {len(in_window)} orders (expected "
+                 f"{expected_count}) via "
                  f"id BETWEEN {low} AND {high} on {len(counts)} shards")
 
     if options.shard is not None:

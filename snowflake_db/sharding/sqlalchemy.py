@@ -56,7 +56,7 @@ class ShardedRouting:
     def __init__(
         self,
         router: ShardRouter,
-        rules: Mapping[Table | str | type, ShardRule],
+        rules: Mapping[Any, ShardRule],
         *,
         generator: SnowflakeGenerator | None = None,
         unsharded_target: str | None = None,
