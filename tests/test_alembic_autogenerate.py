@@ -23,7 +23,7 @@ from snowflake_db.alembic import (
 from snowflake_db.sqlalchemy import snowflake_column, snowflake_fk_column
 from snowflake_db.worker.schema import worker_tables
 from tests.plugins.databases import ScratchDatabase
-from tests.test_alembic_migrations import make_project, write_revision
+from tests.test_alembic_migrations import INITIAL, converted_models, make_project, write_revision
 
 
 def _models() -> MetaData:
@@ -159,3 +159,60 @@ def test_operations_render_as_code() -> None:
     assert "op.drop_snowflake_id_function(layout=snowflake_db.Layout(" in code
     assert "op.drop_snowflake_worker_tables()" in code
     assert isinstance(upgrade.ops[1].reverse(), DropSnowflakeIdFunctionOp)
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb", "sqlite"])
+def test_autogenerate_turns_a_switched_model_into_a_conversion(
+    backend: str, database_factory: object, tmp_path: Path
+) -> None:
+    db: ScratchDatabase = database_factory(backend)  # type: ignore[operator]
+    config = make_project(tmp_path, db)
+    write_revision(
+        config,
+        "r1",
+        None,
+        INITIAL,
+        "op.drop_table('notes')\nop.drop_table('order_items')\nop.drop_table('orders')",
+    )
+    command.upgrade(config, "head")
+    before = _snapshot_orders(db)
+    # the application switched its models to the helpers: autogenerate proposes the conversion
+    config.attributes["target_metadata"] = converted_models()
+    script = command.revision(config, message="to snowflake", autogenerate=True)
+    assert script is not None and not isinstance(script, list)
+    source = Path(script.path).read_text()
+    assert _function_body(source, "upgrade") == "op.convert_to_snowflake_pk('orders')", source
+    assert _function_body(source, "downgrade") == "op.revert_snowflake_pk('orders')", source
+    assert "import snowflake_db.alembic" in source
+    command.upgrade(config, "head")
+    assert _snapshot_orders(db) == before
+    engine = create_engine(db.url)
+    try:
+        for table, column in (("orders", "id"), ("order_items", "order_id"), ("notes", "order_id")):
+            spec = {c["name"]: c for c in inspect(engine).get_columns(table)}[column]
+            assert isinstance(spec["type"], BigInteger), (table, spec)
+    finally:
+        engine.dispose()
+    again = command.revision(config, message="nothing", autogenerate=True)
+    assert again is not None and not isinstance(again, list)
+    assert _function_body(Path(again.path).read_text(), "upgrade") == "pass"
+    Path(again.path).unlink()
+    command.downgrade(config, "r1")
+    assert _snapshot_orders(db) == before
+
+
+def _snapshot_orders(db: ScratchDatabase) -> list[tuple[object, ...]]:
+    engine = create_engine(db.url)
+    try:
+        with engine.connect() as conn:
+            return [
+                tuple(row)
+                for row in conn.execute(
+                    text(
+                        "SELECT o.id, o.customer, i.id, i.order_id FROM orders o "
+                        "JOIN order_items i ON i.order_id = o.id ORDER BY i.id"
+                    )
+                )
+            ]
+    finally:
+        engine.dispose()

@@ -56,6 +56,7 @@ else:
             render_as_batch=connection.dialect.name == "sqlite",
             include_object=include_object,
             compare_server_default=config.attributes.get("compare_server_default", False),
+            process_revision_directives=snowflake_db.alembic.process_revision_directives,
         )
         with context.begin_transaction():
             context.run_migrations()

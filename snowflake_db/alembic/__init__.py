@@ -6,7 +6,7 @@ and ``op.drop_snowflake_id_function`` (see :mod:`snowflake_db.alembic.operations
 """
 
 from ._convert import SnowflakeMigrationError
-from .autogenerate import include_object
+from .autogenerate import include_object, process_revision_directives
 from .operations import (
     ConvertToSnowflakePkOp,
     CreateSnowflakeIdFunctionOp,
@@ -25,4 +25,5 @@ __all__ = [
     "RevertSnowflakePkOp",
     "SnowflakeMigrationError",
     "include_object",
+    "process_revision_directives",
 ]
