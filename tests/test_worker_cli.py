@@ -56,7 +56,19 @@ def test_list_and_reap(any_db: ScratchDatabase, capsys: pytest.CaptureFixture[st
         assert rows[live.worker_id].lease_token == live.token and rows[live.worker_id].live
         assert rows[reserved].state == "reserved"
         assert main(["workers", "reap", "--url", url, "--json"]) == 0
-        assert json.loads(capsys.readouterr().out) == {"reaped": []}
+        assert json.loads(capsys.readouterr().out) == {"reaped": [], "pruned_registrations": None}
+
+        # Registrations are a log: unreferenced old rows can be pruned, referenced ones stay.
+        registrations = alloc.store.tables.registrations
+        with alloc._engine.begin() as connection:
+            orphan = alloc.store.register(connection, hostname="gone", pid=1)
+            connection.execute(registrations.update().values(started_at_ms=0))  # all ancient
+        assert main(["workers", "reap", "--url", url, "--prune-registrations", "1"]) == 0
+        assert "pruned 1 registration row(s) older than 1 day(s)" in capsys.readouterr().out
+        with alloc._engine.begin() as connection:
+            left = {row.id for row in connection.execute(registrations.select())}
+        assert orphan not in left
+        assert {live.registration_id, dead.registration_id} <= left  # slots still name them
 
 
 def test_errors_are_one_line_with_exit_status_2(

@@ -33,6 +33,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "reap", help="clear leases the database clock says have expired (never live ones)"
     )
     _add_table_options(reap)
+    reap.add_argument(
+        "--prune-registrations",
+        type=float,
+        default=None,
+        metavar="DAYS",
+        help="also delete registration rows older than DAYS that no slot refers to",
+    )
     reap.add_argument("--json", action="store_true", help="print JSON instead of text")
     reap.set_defaults(handler=_reap)
 
@@ -130,15 +137,22 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _reap(args: argparse.Namespace) -> int:
+    days = args.prune_registrations
+    if days is not None and not days >= 0:
+        raise CommandError(f"--prune-registrations must be a number of days >= 0, got {days}")
     allocator = _allocator(args)
     try:
         reaped = allocator.reap()
+        pruned = None if days is None else allocator.prune_registrations(days * 86_400)
     finally:
         allocator.close()
     if args.json:
-        print(json.dumps({"reaped": reaped}))
-    elif reaped:
+        print(json.dumps({"reaped": reaped, "pruned_registrations": pruned}))
+        return 0
+    if reaped:
         print(f"reaped {len(reaped)} expired lease(s): worker IDs {', '.join(map(str, reaped))}")
     else:
         print("no expired leases")
+    if pruned is not None:
+        print(f"pruned {pruned} registration row(s) older than {days:g} day(s)")
     return 0

@@ -207,6 +207,21 @@ class TableWorkerAllocator:
         except SQLAlchemyError as error:
             raise self._unavailable("cannot reap expired worker leases", error) from error
 
+    def prune_registrations(self, older_than_seconds: float = 86_400.0) -> int:
+        """Delete registration rows older than this that no slot refers to; returns how many.
+
+        The registrations table gains one row per acquisition; it is a log, not needed for
+        safety (renewals match on the lease token), so old rows can go.
+        """
+        older_than_ms = round(_seconds("older_than_seconds", older_than_seconds) * 1000)
+        self._check_open()
+        try:
+            self._require_tables()
+            with self._engine.connect() as connection, connection.begin():
+                return self.store.prune_registrations(connection, older_than_ms=older_than_ms)
+        except SQLAlchemyError as error:
+            raise self._unavailable("cannot prune worker registrations", error) from error
+
     def reserve_worker_id(
         self, label: str, *, layout: Layout | None = None, worker_id: int | None = None
     ) -> int:

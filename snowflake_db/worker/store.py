@@ -400,6 +400,22 @@ class WorkerStore:
                 reaped.append(worker_id)
         return reaped
 
+    def prune_registrations(self, connection: Connection, *, older_than_ms: int) -> int:
+        """Delete registration rows older than ``older_than_ms`` that no slot refers to.
+
+        Registrations are a log (one row per acquisition); slots never depend on them for
+        safety: renewals match on the lease token, not on the registration key.
+        """
+        registrations, slots = self.tables.registrations, self.tables.slots
+        referenced = select(slots.c.registration_id).where(slots.c.registration_id.is_not(None))
+        result = connection.execute(
+            delete(registrations).where(
+                registrations.c.started_at_ms < db_now_ms() - literal(older_than_ms, BigInteger()),
+                registrations.c.id.not_in(referenced),
+            )
+        )
+        return int(result.rowcount)
+
     def count_registrations(self, connection: Connection) -> int:
         registrations = self.tables.registrations
         return int(connection.execute(select(func.count()).select_from(registrations)).scalar_one())
