@@ -331,3 +331,34 @@ def test_worker_url_environment_variable(sqlite_db: ScratchDatabase) -> None:
     assert kind == "TableLease" and worker == decoded
     # The exit hook released the slot.
     assert read_slots(sqlite_db.url)[int(worker)].state == "free"
+
+
+def test_a_lost_lease_is_replaced_and_ids_keep_increasing(any_db: ScratchDatabase) -> None:
+    with allocator(any_db, lease_seconds=1.2) as alloc:
+        gen = SnowflakeGenerator(allocator=alloc)
+        before = gen.next_ids(1000)
+        lease = _lease(gen)
+        # Someone else takes the slot (as a reaper would after an expiry, then a new holder).
+        engine = create_engine(any_db.url)
+        try:
+            with engine.begin() as connection:
+                connection.execute(
+                    text(
+                        "UPDATE snowflake_worker_slots SET lease_token = 'someone-else' "
+                        "WHERE worker_id = :w"
+                    ),
+                    {"w": lease.worker_id},
+                )
+        finally:
+            engine.dispose()
+        deadline = time.monotonic() + 10
+        while not lease.lost:  # the next renewal finds the token changed
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert "taken by another holder" in lease.describe_problem()
+        after = gen.next_ids(1000)
+        assert gen.lease is not lease and gen.worker_id != lease.worker_id
+        assert after[0] > before[-1] and len(set(before + after)) == 2000
+        # The lost lease is never released: the other holder's row is untouched.
+        lease.release()
+        assert read_slots(any_db.url)[lease.worker_id].lease_token == "someone-else"

@@ -301,3 +301,46 @@ def test_load_8_processes_x_2_threads_with_renewing_leases(
     assert len(total) > 8 * 2 * 1000
     assert len(set(total)) == len(total)
     assert len({report["worker"] for report in reports}) == 8
+
+
+# -- inherited connections -----------------------------------------------------------------------
+
+
+def _backend_id(alloc: TableWorkerAllocator, backend: str) -> int:
+    query = "SELECT pg_backend_pid()" if backend == "postgresql" else "SELECT CONNECTION_ID()"
+    with alloc._engine.connect() as connection:
+        return int(connection.exec_driver_sql(query).scalar_one())
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_forked_child_never_uses_or_closes_inherited_connections(
+    backend: str, database_factory: Any, tmp_path: Path
+) -> None:
+    database = database_factory(backend)
+    alloc = allocator(database, lease_seconds=30)  # no renewal competes for the pooled connection
+    gen = SnowflakeGenerator(allocator=alloc)
+    try:
+        gen.next_id()
+        parent_backend = _backend_id(alloc, backend)  # the pooled connection, checked back in
+        out = tmp_path / "child.json"
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            try:
+                gen.next_id()  # leases its own worker ID on a fresh connection
+                report = {"backend": _backend_id(alloc, backend), "worker": gen.worker_id}
+                forking._at_exit()  # closes the child's pool: must not close the parent's
+                out.write_text(json.dumps(report))
+            except BaseException:
+                out.write_text(json.dumps({"error": traceback.format_exc()}))
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        report = json.loads(out.read_text())
+        assert "error" not in report, report.get("error")
+        assert report["backend"] != parent_backend
+        assert report["worker"] != gen.worker_id
+        # The parent's pooled connection is the same server session, alive and unshared.
+        assert _backend_id(alloc, backend) == parent_backend
+    finally:
+        gen.close()
+        alloc.close()
