@@ -611,12 +611,16 @@ class TableWorkerAllocator:
             if lease.state in (RELEASED, ABANDONED):
                 return
             was_held = lease.state == HELD
-            final_ms = lease.high_water_ms
+            reserved_ms = lease.high_water_ms
+            # Stop the generator first (deadline and ceiling), so every window it may still
+            # issue from was opened with a clock reading taken before the one below.
+            lease.end(RELEASED, "released", high_water_ms=-1)
+            final_ms = reserved_ms
             if isinstance(lease.clock, MonotonicClock):
                 # A monotonic clock is at or past every tick the generator read, so nothing above
                 # "now" was issued: lower the mark so the slot is reusable at once.
-                final_ms = min(final_ms, lease.clock() + 1)
-            lease.end(RELEASED, "released", high_water_ms=final_ms)
+                final_ms = min(reserved_ms, lease.clock() + 1)
+            lease.set_high_water(final_ms)
         self._heartbeat.discard(lease)
         if not was_held or lease.pid != os.getpid():
             return

@@ -130,6 +130,10 @@ class TableLease:
         self.state = state
         self._problem = problem
 
+    def set_high_water(self, high_water_ms: int) -> None:
+        """Set the mark after the lease ended (the value stored at release)."""
+        self._high_water_ms = high_water_ms
+
     def forget_after_fork(self, parent_pid: int) -> None:
         """In a forked child: the lease is the parent's; never renew, release or use it."""
         self.lock = threading.Lock()  # the parent's heartbeat may have held it at the fork
