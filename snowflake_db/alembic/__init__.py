@@ -1,25 +1,33 @@
 """Alembic operations for Snowflake keys: ``import snowflake_db.alembic`` in ``env.py``.
 
 Registers ``op.create_snowflake_worker_tables``, ``op.drop_snowflake_worker_tables``,
-``op.convert_to_snowflake_pk``, ``op.revert_snowflake_pk``, ``op.create_snowflake_id_function``
-and ``op.drop_snowflake_id_function`` (see :mod:`snowflake_db.alembic.operations`).
+``op.convert_to_snowflake_pk``, ``op.revert_snowflake_pk``, ``op.create_snowflake_id_function``,
+``op.drop_snowflake_id_function`` and, for PostgreSQL partitioned order tables,
+``op.create_shard_partitioned_table``, ``op.create_time_partitioned_table`` and
+``op.add_next_time_partition`` (see :mod:`snowflake_db.alembic.operations`).
 """
 
 from ._convert import SnowflakeMigrationError
 from .autogenerate import include_object, process_revision_directives
 from .operations import (
+    AddNextTimePartitionOp,
     ConvertToSnowflakePkOp,
+    CreateShardPartitionedTableOp,
     CreateSnowflakeIdFunctionOp,
     CreateSnowflakeWorkerTablesOp,
+    CreateTimePartitionedTableOp,
     DropSnowflakeIdFunctionOp,
     DropSnowflakeWorkerTablesOp,
     RevertSnowflakePkOp,
 )
 
 __all__ = [
+    "AddNextTimePartitionOp",
     "ConvertToSnowflakePkOp",
+    "CreateShardPartitionedTableOp",
     "CreateSnowflakeIdFunctionOp",
     "CreateSnowflakeWorkerTablesOp",
+    "CreateTimePartitionedTableOp",
     "DropSnowflakeIdFunctionOp",
     "DropSnowflakeWorkerTablesOp",
     "RevertSnowflakePkOp",

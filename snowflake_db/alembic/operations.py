@@ -13,6 +13,7 @@ the pair; the renderers also add ``import snowflake_db.alembic`` to the revision
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from alembic.autogenerate import renderers
@@ -22,6 +23,8 @@ from sqlalchemy import MetaData, create_engine, text
 
 from ..generator import DEFAULT_ROLLBACK_TOLERANCE_MS
 from ..layout import DEFAULT_LAYOUT, Layout
+from ..sharding import partitioning
+from ..sharding.partitioning import Period
 from ..worker.schema import (
     DEFAULT_REGISTRATIONS_TABLE,
     DEFAULT_SLOTS_TABLE,
@@ -492,15 +495,18 @@ class DropSnowflakeIdFunctionOp(MigrateOperation):
         }
 
 
-def _postgresql_bind(operations: Operations, what: str) -> Connection:
+def _postgresql_bind(
+    operations: Operations,
+    what: str,
+    needs: str = "reserves a worker slot in the database",
+    feature: str = "installs a PL/pgSQL function",
+) -> Connection:
     if operations.migration_context.as_sql:
-        raise SnowflakeMigrationError(
-            f"{what} reserves a worker slot in the database and cannot run in offline --sql mode"
-        )
+        raise SnowflakeMigrationError(f"{what} {needs} and cannot run in offline --sql mode")
     bind = operations.get_bind()
     if bind.dialect.name != "postgresql":
         raise SnowflakeMigrationError(
-            f"{what} installs a PL/pgSQL function: PostgreSQL only, not {bind.dialect.name}"
+            f"{what} {feature}: PostgreSQL only, not {bind.dialect.name}"
         )
     return bind
 
@@ -631,3 +637,110 @@ def _render_drop_function(autogen_context: AutogenContext, op: DropSnowflakeIdFu
     positional = () if op.name == "snowflake_next_id" else (op.name,)
     return f"op.drop_snowflake_id_function({_args(*positional, **op._keywords())})"
 
+
+
+# -- PostgreSQL partitioned order tables (DDL from snowflake_db.sharding.partitioning) ---------
+
+
+_PARTITIONS = ("reads the partition catalog", "uses native declarative partitioning")
+
+
+@Operations.register_operation("create_shard_partitioned_table")
+class CreateShardPartitionedTableOp(MigrateOperation):
+    """A table partitioned by LIST on the ID's shard bits, one partition per logical shard."""
+
+    def __init__(self, table: str, columns_sql: str, layout: Layout, *, column: str = "id") -> None:
+        self.table, self.columns_sql, self.layout, self.column = table, columns_sql, layout, column
+
+    @classmethod
+    def create_shard_partitioned_table(
+        cls,
+        operations: Operations,
+        table: str,
+        columns_sql: str,
+        layout: Layout,
+        *,
+        column: str = "id",
+    ) -> None:
+        operations.invoke(cls(table, columns_sql, layout, column=column))
+
+
+@Operations.register_operation("create_time_partitioned_table")
+class CreateTimePartitionedTableOp(MigrateOperation):
+    """A table partitioned by RANGE on the ID, with ``periods`` partitions from ``start``."""
+
+    def __init__(
+        self,
+        table: str,
+        columns_sql: str,
+        layout: Layout,
+        *,
+        start: datetime,
+        periods: int = 1,
+        period: Period = "month",
+        column: str = "id",
+    ) -> None:
+        self.table, self.columns_sql, self.layout = table, columns_sql, layout
+        self.start, self.periods, self.period, self.column = start, periods, period, column
+
+    @classmethod
+    def create_time_partitioned_table(
+        cls,
+        operations: Operations,
+        table: str,
+        columns_sql: str,
+        layout: Layout,
+        *,
+        start: datetime,
+        periods: int = 1,
+        period: Period = "month",
+        column: str = "id",
+    ) -> None:
+        operations.invoke(
+            cls(table, columns_sql, layout, start=start, periods=periods, period=period,
+                column=column)
+        )
+
+
+@Operations.register_operation("add_next_time_partition")
+class AddNextTimePartitionOp(MigrateOperation):
+    """The partition of the period after the highest existing one (reads the catalog: online)."""
+
+    def __init__(self, table: str, layout: Layout, *, period: Period = "month") -> None:
+        self.table, self.layout, self.period = table, layout, period
+
+    @classmethod
+    def add_next_time_partition(
+        cls, operations: Operations, table: str, layout: Layout, *, period: Period = "month"
+    ) -> None:
+        operations.invoke(cls(table, layout, period=period))
+
+
+@Operations.implementation_for(CreateShardPartitionedTableOp)
+def _create_shard_partitioned(operations: Operations, op: CreateShardPartitionedTableOp) -> None:
+    _postgresql_bind(operations, "create_shard_partitioned_table", *_PARTITIONS)
+    for statement in partitioning.create_shard_partitioned_table_sql(
+        op.table, op.columns_sql, op.layout, column=op.column
+    ):
+        operations.execute(text(statement))
+
+
+@Operations.implementation_for(CreateTimePartitionedTableOp)
+def _create_time_partitioned(operations: Operations, op: CreateTimePartitionedTableOp) -> None:
+    _postgresql_bind(operations, "create_time_partitioned_table", *_PARTITIONS)
+    for statement in partitioning.create_time_partitioned_table_sql(
+        op.table,
+        op.columns_sql,
+        op.layout,
+        start=op.start,
+        periods=op.periods,
+        period=op.period,
+        column=op.column,
+    ):
+        operations.execute(text(statement))
+
+
+@Operations.implementation_for(AddNextTimePartitionOp)
+def _add_next_time_partition(operations: Operations, op: AddNextTimePartitionOp) -> None:
+    bind = _postgresql_bind(operations, "add_next_time_partition", *_PARTITIONS)
+    partitioning.add_next_time_partition(bind, op.table, op.layout, period=op.period)
