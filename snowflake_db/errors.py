@@ -24,7 +24,10 @@ class InvalidLayoutError(InvalidArgumentError):
 
 
 class InvalidIdError(InvalidArgumentError):
-    """A value that cannot be a Snowflake ID of the layout (negative, too large, wrong type)."""
+    """A value that cannot be a Snowflake ID of the layout (negative or too large).
+
+    A value of the wrong type raises :class:`InvalidArgumentTypeError` instead.
+    """
 
 
 class ClockError(SnowflakeError):
@@ -61,9 +64,11 @@ class NotConfiguredError(SnowflakeError):
 
 
 class ForkedWorkerIdError(SnowflakeError):
-    """A generator with a static worker ID was used in a process forked from its creator.
+    """A static worker ID would be shared by processes started from one parent.
 
-    Every forked child would share the worker ID and issue the parent's IDs again.
+    Raised when a generator with a static worker ID is used in a process forked from its creator,
+    or when ``SNOWFLAKE_WORKER_ID`` is read in a forked or multiprocessing (spawn, forkserver)
+    child: every child would share the worker ID and issue the same IDs.
     """
 
 

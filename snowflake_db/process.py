@@ -7,6 +7,7 @@ function that SQLAlchemy and Django call once per row.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -151,13 +152,14 @@ def _configure_from_environment(
         )
     if not raw_worker_id:
         raise NotConfiguredError(_NOT_CONFIGURED_HELP)
-    if _forked_from_pid is not None:
+    parent_pid = _forked_from_pid or _multiprocessing_parent_pid()
+    if parent_pid is not None:
         raise ForkedWorkerIdError(
-            f"{WORKER_ID_ENV}={raw_worker_id} was inherited from pid {_forked_from_pid}, which "
-            "forked this process: every forked child (gunicorn, Celery prefork, multiprocessing) "
-            "would share it and issue the same IDs. Use a table allocator "
+            f"{WORKER_ID_ENV}={raw_worker_id} was inherited from pid {parent_pid}, which forked or "
+            "spawned this process: every child it starts (gunicorn, Celery prefork, "
+            "multiprocessing) would share it and issue the same IDs. Use a table allocator "
             f"({WORKER_URL_ENV} or configure(allocator=...)), or call configure(worker_id=N) "
-            "with a distinct N in each child after the fork."
+            "with a distinct N in each child."
         )
     try:
         worker_id = int(raw_worker_id)
@@ -167,6 +169,13 @@ def _configure_from_environment(
         ) from None
     require_int(WORKER_ID_ENV, worker_id, minimum=0)
     return configure(worker_id=worker_id, layout=layout, clock=clock, **generator_options)
+
+
+def _multiprocessing_parent_pid() -> int | None:
+    """The parent's pid in a multiprocessing child (spawn and forkserver copy the environment)."""
+    multiprocessing = sys.modules.get("multiprocessing")
+    parent = multiprocessing.parent_process() if multiprocessing is not None else None
+    return None if parent is None else parent.pid
 
 
 def _after_fork_in_child() -> None:

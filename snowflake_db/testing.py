@@ -51,14 +51,17 @@ class FakeClock:
 def deterministic_ids(
     *,
     worker_id: int = 1,
-    start_ms: int = DEFAULT_FAKE_START_MS,
+    start_ms: int | None = None,
     layout: Layout | None = None,
 ) -> Iterator[FakeClock]:
     """Make ``snowflake_default()`` return the same IDs on every run, then restore the set-up.
 
-    The clock stands still: IDs count up the sequence of one tick; call ``clock.advance(ms)``
-    to move on (a tick holds ``layout.ids_per_tick`` IDs).
+    The clock stands still (at ``start_ms``: 2024-01-01, or the layout's epoch if later): IDs
+    count up the sequence of one tick; call ``clock.advance(ms)`` to move on (a tick holds
+    ``layout.ids_per_tick`` IDs).
     """
+    if start_ms is None:
+        start_ms = max(DEFAULT_FAKE_START_MS, layout.epoch_ms if layout else 0)
     clock = FakeClock(start_ms)
     generator = SnowflakeGenerator(worker_id, layout=layout, clock=clock, max_wait_ms=0)
     with process._lock:

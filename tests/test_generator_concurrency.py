@@ -384,12 +384,16 @@ def test_multiprocessing_fork_pool_with_distinct_worker_ids() -> None:
 
 @pytest.mark.slow
 def test_spawned_processes_with_distinct_worker_ids(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SNOWFLAKE_WORKER_ID", "4")  # inherited by spawn: not a fork, so allowed
+    """Spawned children configured with distinct worker IDs issue disjoint IDs; a child that
+    would take the worker ID from the environment it inherited (shared by every sibling) is
+    refused, as in a forked child."""
+    monkeypatch.setenv("SNOWFLAKE_WORKER_ID", "4")
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     processes = [
         context.Process(target=_spawned_ids, args=(3, 30_000, queue)),
-        context.Process(target=_spawned_ids, args=(None, 30_000, queue)),
+        context.Process(target=_spawned_ids, args=(5, 30_000, queue)),
+        context.Process(target=_spawned_ids, args=(None, 10, queue)),
     ]
     for process in processes:
         process.start()
@@ -397,8 +401,10 @@ def test_spawned_processes_with_distinct_worker_ids(monkeypatch: pytest.MonkeyPa
     for process in processes:
         process.join(60)
         assert process.exitcode == 0
-    assert all("result" in report for report in reports), reports
-    batches = [report["result"] for report in reports]
-    assert sorted(worker_ids_of(batch).pop() for batch in batches) == [3, 4]
+    refused = [report for report in reports if "result" not in report]
+    assert [report["error"] for report in refused] == ["ForkedWorkerIdError"], reports
+    assert "SNOWFLAKE_WORKER_ID=4 was inherited from pid" in refused[0]["message"]
+    batches = [report["result"] for report in reports if "result" in report]
+    assert sorted(worker_ids_of(batch).pop() for batch in batches) == [3, 5]
     assert all(is_strictly_increasing(batch) for batch in batches)
     assert not set(batches[0]) & set(batches[1])

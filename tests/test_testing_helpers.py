@@ -207,3 +207,14 @@ def test_snowflake_ids_fixture_as_documented(
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=3)
+
+
+def test_deterministic_ids_start_at_a_later_layout_epoch() -> None:
+    """A layout whose epoch lies after the default fake start still gets a usable clock."""
+    from snowflake_db import Layout, snowflake_default
+    from snowflake_db.testing import DEFAULT_FAKE_START_MS, deterministic_ids
+
+    layout = Layout(epoch_ms=DEFAULT_FAKE_START_MS + 86_400_000)
+    with deterministic_ids(layout=layout) as clock:
+        first = snowflake_default()
+        assert layout.decode(first).timestamp_ms == layout.epoch_ms == clock.now_ms
