@@ -166,20 +166,25 @@ class TableWorkerAllocator:
             raise InvalidArgumentTypeError(f"clock must be a zero-argument callable, got {clock!r}")
         self._check_open()
         try:
-            return self._acquire(layout, clock)
+            lease = self._run(partial(self._acquire, layout=layout, clock=clock))
         except SnowflakeError:
             raise
         except SQLAlchemyError as error:
             raise self._unavailable(
                 "cannot lease a worker ID (there is no fallback worker ID)", error
             ) from error
+        # Committed: only now may the heartbeat renew it and the generator use it.
+        self._heartbeat.add(lease)
+        self._wait_for_floor(lease, clock)
+        return lease
 
     # -- administration ----------------------------------------------------------------------
 
     def create_tables(self) -> None:
         """Create the worker tables if they are missing (safe when processes race to do it)."""
         try:
-            self._create_tables()
+            with self._engine.connect() as connection:
+                self._create_tables(connection)
         except SQLAlchemyError as error:
             raise self._unavailable("cannot create the worker tables", error) from error
 
@@ -187,9 +192,7 @@ class TableWorkerAllocator:
         """Every slot row (holder, expiry, high-water mark), stamped with the database time."""
         self._check_open()
         try:
-            self._require_tables()
-            with self._engine.connect() as connection, connection.begin():
-                return self.store.slots(connection)
+            return self._run(self._in_transaction(self.store.slots))
         except SQLAlchemyError as error:
             raise self._unavailable("cannot list worker slots", error) from error
 
@@ -201,9 +204,7 @@ class TableWorkerAllocator:
         """
         self._check_open()
         try:
-            self._require_tables()
-            with self._engine.connect() as connection, connection.begin():
-                return self.store.reap(connection)
+            return self._run(self._in_transaction(self.store.reap))
         except SQLAlchemyError as error:
             raise self._unavailable("cannot reap expired worker leases", error) from error
 
@@ -216,9 +217,11 @@ class TableWorkerAllocator:
         older_than_ms = round(_seconds("older_than_seconds", older_than_seconds) * 1000)
         self._check_open()
         try:
-            self._require_tables()
-            with self._engine.connect() as connection, connection.begin():
-                return self.store.prune_registrations(connection, older_than_ms=older_than_ms)
+            return self._run(
+                self._in_transaction(
+                    partial(self.store.prune_registrations, older_than_ms=older_than_ms)
+                )
+            )
         except SQLAlchemyError as error:
             raise self._unavailable("cannot prune worker registrations", error) from error
 
@@ -243,7 +246,9 @@ class TableWorkerAllocator:
             layout.check_worker_id(worker_id)
         self._check_open()
         try:
-            return self._reserve(label, layout, worker_id)
+            return self._run(
+                partial(self._reserve, label=label, layout=layout, worker_id=worker_id)
+            )
         except SnowflakeError:
             raise
         except SQLAlchemyError as error:
@@ -258,14 +263,16 @@ class TableWorkerAllocator:
         require_int("worker_id", worker_id, minimum=0)
         self._check_open()
         try:
-            self._require_tables()
-            with self._engine.connect() as connection, connection.begin():
-                done = self.store.release_reserved(
-                    connection,
-                    worker_id=worker_id,
-                    margin_ms=_RESERVATION_RELEASE_MARGIN_MS,
-                    label=label,
+            done = self._run(
+                self._in_transaction(
+                    partial(
+                        self.store.release_reserved,
+                        worker_id=worker_id,
+                        margin_ms=_RESERVATION_RELEASE_MARGIN_MS,
+                        label=label,
+                    )
                 )
+            )
         except SQLAlchemyError as error:
             raise self._unavailable("cannot release a reserved worker ID", error) from error
         if not done:
@@ -300,45 +307,40 @@ class TableWorkerAllocator:
 
     # -- acquisition ---------------------------------------------------------------------------
 
-    def _acquire(self, layout: Layout, clock: Clock) -> TableLease:
-        self._require_tables()
+    def _acquire(self, connection: Connection, *, layout: Layout, clock: Clock) -> TableLease:
         pid = os.getpid()
-        with self._engine.connect() as connection:
-            # The common case is one transaction: register, claim the preferred slot, commit.
-            registration_id, lease = _retry_conflicts(
-                lambda: self._register_and_claim(connection, pid, layout, clock)
-            )
-            preferred = registration_id & layout.max_worker_id
-            tally = _Tally()
-            for _ in range(_SCAN_ROUNDS):
-                if lease is not None:
-                    break
-                with connection.begin():
-                    rows = self.store.slots(connection)
-                candidates, tally = self._candidates(rows, layout, preferred, clock)
-                if not candidates:
-                    break
-                for worker_id in candidates:
-                    lease = _retry_conflicts(
-                        partial(
-                            self._claim_in_transaction,
-                            connection,
-                            worker_id,
-                            registration_id,
-                            layout,
-                            clock,
-                        )
+        # The common case is one transaction: register, claim the preferred slot, commit.
+        registration_id, lease = _retry_conflicts(
+            lambda: self._register_and_claim(connection, pid, layout, clock)
+        )
+        preferred = registration_id & layout.max_worker_id
+        tally = _Tally()
+        for _ in range(_SCAN_ROUNDS):
+            if lease is not None:
+                return lease
+            with connection.begin():
+                rows = self.store.slots(connection)
+            candidates, tally = self._candidates(rows, layout, preferred, clock)
+            if not candidates:
+                break
+            for worker_id in candidates:
+                lease = _retry_conflicts(
+                    partial(
+                        self._claim_in_transaction,
+                        connection,
+                        worker_id,
+                        registration_id,
+                        layout,
+                        clock,
                     )
-                    if lease is not None:
-                        break
-            if lease is None:
-                with connection.begin():
-                    self.store.forget_registration(connection, registration_id=registration_id)
-                raise self._exhausted(layout, tally)
-        # Committed: only now may the heartbeat renew it and the generator use it.
-        self._heartbeat.add(lease)
-        self._wait_for_floor(lease, clock)
-        return lease
+                )
+                if lease is not None:
+                    return lease
+        if lease is not None:
+            return lease
+        with connection.begin():
+            self.store.forget_registration(connection, registration_id=registration_id)
+        raise self._exhausted(layout, tally)
 
     def _register_and_claim(
         self, connection: Connection, pid: int, layout: Layout, clock: Clock
@@ -497,33 +499,33 @@ class TableWorkerAllocator:
         while clock() <= floor and time.monotonic() < give_up:
             time.sleep(min(0.05, max(0.001, (floor - clock() + 1) / 1000)))
 
-    def _reserve(self, label: str, layout: Layout, worker_id: int | None) -> int:
-        self._require_tables()
+    def _reserve(
+        self, connection: Connection, *, label: str, layout: Layout, worker_id: int | None
+    ) -> int:
         pid = os.getpid()
         # A given slot, else the highest first (registrations start at the low end).
         order = [worker_id] if worker_id is not None else range(layout.max_worker_id, -1, -1)
-        with self._engine.connect() as connection:
+        with connection.begin():
+            registration_id = self._register(connection, pid)
+            rows = {row.worker_id: row for row in self.store.slots(connection)}
+        for candidate in order:
+            row = rows.get(candidate)
+            if row is not None and (row.live or row.high_water_ms > row.db_now_ms):
+                continue  # a hint only: the claim below re-checks atomically
+            claim = Claim(
+                worker_id=candidate,
+                token=secrets.token_hex(16),
+                registration_id=registration_id,
+                hostname=self.hostname,
+                pid=pid,
+                lease_ms=None,
+                label=label,
+            )
             with connection.begin():
-                registration_id = self._register(connection, pid)
-                rows = {row.worker_id: row for row in self.store.slots(connection)}
-            for candidate in order:
-                row = rows.get(candidate)
-                if row is not None and (row.live or row.high_water_ms > row.db_now_ms):
-                    continue  # a hint only: the claim below re-checks atomically
-                claim = Claim(
-                    worker_id=candidate,
-                    token=secrets.token_hex(16),
-                    registration_id=registration_id,
-                    hostname=self.hostname,
-                    pid=pid,
-                    lease_ms=None,
-                    label=label,
-                )
-                with connection.begin():
-                    if self._claim_reserved(connection, claim):
-                        return candidate
-            with connection.begin():
-                self.store.forget_registration(connection, registration_id=registration_id)
+                if self._claim_reserved(connection, claim):
+                    return candidate
+        with connection.begin():
+            self.store.forget_registration(connection, registration_id=registration_id)
         if worker_id is not None:
             raise WorkerIdExhaustedError(
                 f"worker ID {worker_id} cannot be reserved: it is held, reserved, or its "
@@ -668,30 +670,53 @@ class TableWorkerAllocator:
         if self._closed:
             raise AllocatorUnavailableError(f"{self!r} was closed")
 
-    def _require_tables(self) -> None:
-        if self._tables_ready:
-            return
-        if self.create_tables_on_demand:
-            self._create_tables()
-        else:
-            with self._engine.connect() as connection, connection.begin():
-                missing = self.store.missing_tables(connection)
-            if missing:
-                raise AllocatorUnavailableError(
-                    f"the worker tables {', '.join(missing)} do not exist in "
-                    f"{safe_url_text(self.url)}: create them with a migration "
-                    "(snowflake_db.alembic / the snowflake_db Django app) or pass "
-                    "create_tables=True"
-                )
-        self._tables_ready = True
+    def _in_transaction(self, work: Callable[[Connection], _T]) -> Callable[[Connection], _T]:
+        def run(connection: Connection) -> _T:
+            with connection.begin():
+                return work(connection)
 
-    def _create_tables(self) -> None:
+        return run
+
+    def _run(self, work: Callable[[Connection], _T]) -> _T:
+        """Run ``work`` on one of the allocator's connections.
+
+        Until the tables are known to exist, a database error from ``work`` triggers a check:
+        missing tables are created (``create_tables=True``, then ``work`` runs again) or
+        reported. Checking only after a failure keeps the inspection off the common path.
+        """
+        with self._engine.connect() as connection:
+            if self._tables_ready:
+                return work(connection)
+            try:
+                result = work(connection)
+            except DBAPIError as error:
+                if error.connection_invalidated:
+                    raise
+                if connection.in_transaction():
+                    connection.rollback()
+                with connection.begin():
+                    missing = self.store.missing_tables(connection)
+                if not missing:
+                    raise
+                if not self.create_tables_on_demand:
+                    raise AllocatorUnavailableError(
+                        f"the worker tables {', '.join(missing)} do not exist in "
+                        f"{safe_url_text(self.url)}: create them with a migration "
+                        "(snowflake_db.alembic / the snowflake_db Django app) or pass "
+                        "create_tables=True"
+                    ) from None
+                self._create_tables(connection)
+                result = work(connection)
+            self._tables_ready = True
+            return result
+
+    def _create_tables(self, connection: Connection) -> None:
         try:
-            with self._engine.connect() as connection, connection.begin():
+            with connection.begin():
                 self.store.create_tables(connection)
         except DBAPIError:
             # Another process created them between our check and our CREATE TABLE.
-            with self._engine.connect() as connection, connection.begin():
+            with connection.begin():
                 if self.store.missing_tables(connection):
                     raise
         self._tables_ready = True
