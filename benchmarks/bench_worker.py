@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     acquisitions = 50 if args.quick else 300
-    calls, rounds = (300_000, 3) if args.quick else (2_000_000, 5)
+    calls, rounds = (300_000, 3) if args.quick else (2_000_000, 7)
     print(
         f"snowflake_db {snowflake_db.__version__}, Python {sys.version.split()[0]}; "
         f"{acquisitions} warm acquisitions per backend; next_id() x {calls:,}, best of {rounds}"
