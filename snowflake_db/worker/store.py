@@ -19,7 +19,6 @@ from sqlalchemy import (
     and_,
     case,
     delete,
-    func,
     insert,
     inspect,
     literal,
@@ -415,10 +414,6 @@ class WorkerStore:
             )
         )
         return int(result.rowcount)
-
-    def count_registrations(self, connection: Connection) -> int:
-        registrations = self.tables.registrations
-        return int(connection.execute(select(func.count()).select_from(registrations)).scalar_one())
 
 
 def _opt_int(value: object) -> int | None:
