@@ -696,16 +696,17 @@ class TableWorkerAllocator:
                     connection.rollback()
                 with connection.begin():
                     missing = self.store.missing_tables(connection)
-                if not missing:
-                    raise
-                if not self.create_tables_on_demand:
+                if missing and not self.create_tables_on_demand:
                     raise AllocatorUnavailableError(
                         f"the worker tables {', '.join(missing)} do not exist in "
                         f"{safe_url_text(self.url)}: create them with a migration "
                         "(snowflake_db.alembic / the snowflake_db Django app) or pass "
                         "create_tables=True"
                     ) from None
-                self._create_tables(connection)
+                if missing:
+                    self._create_tables(connection)
+                # Once more, with the tables in place (perhaps just created by another
+                # process, which is also why none may be missing now); a second failure is real.
                 result = work(connection)
             self._tables_ready = True
             return result

@@ -9,6 +9,7 @@ timeouts keep a hung network from blocking a renewal forever (the generator fenc
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -124,10 +125,36 @@ def _serialise_sqlite_writes(engine: Engine) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute("PRAGMA journal_mode=WAL")
+            _enable_wal(cursor)
         finally:
             cursor.close()
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch the file to WAL once; concurrent first connections may find it locked.
+
+    Changing the journal mode needs an exclusive lock and does not always wait on the busy
+    timeout, so retry briefly; if it stays locked, another process is switching it anyway, and
+    BEGIN IMMEDIATE with the busy timeout is correct in either journal mode.
+    """
+    import sqlite3  # only SQLite engines get here
+
+    cursor.execute("PRAGMA journal_mode")
+    if str(cursor.fetchone()[0]).lower() == "wal":
+        return
+    for attempt in range(_WAL_ATTEMPTS):
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.fetchall()
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) and "busy" not in str(error):
+                raise
+            time.sleep(0.01 * (attempt + 1))
+
+
+_WAL_ATTEMPTS = 20
