@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
+import queue as queue_module
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -189,3 +191,45 @@ def iso(unix_ms: int) -> str:
 def split_evenly(total: int, parts: int) -> list[int]:
     base, extra = divmod(total, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def place_orders_in_processes(
+    options: Options, customer_ids: list[int], child: Callable[..., None]
+) -> tuple[list[int], float]:
+    """Run ``child(options, customer_ids, count, seed, queue)`` in spawned processes at once.
+
+    A child puts ints (orders placed, for the progress bar) and finally the list of its order
+    IDs on the queue. Returns every placed ID and the elapsed seconds; a failed child stops the
+    wait (its traceback is on stderr) and the verification that follows reports the shortfall.
+    """
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    shares = split_evenly(options.orders, options.processes)
+    processes = [
+        context.Process(target=child, args=(options, customer_ids, n, seed, queue))
+        for seed, n in enumerate(shares) if n
+    ]
+    started = time.perf_counter()
+    for process in processes:
+        process.start()
+    bar = Progress(options.orders, "placing orders", enabled=not options.quiet)
+    placed: list[int] = []
+    finished = 0
+    while finished < len(processes):
+        try:
+            message = queue.get(timeout=1)
+        except queue_module.Empty:
+            if any(p.exitcode not in (None, 0) for p in processes):
+                print("error: an order process failed (see its traceback above)", file=sys.stderr)
+                break
+            continue
+        if isinstance(message, int):
+            bar.advance(message)
+        else:
+            placed.extend(message)
+            finished += 1
+    elapsed = time.perf_counter() - started
+    bar.finish()
+    for process in processes:
+        process.join(timeout=60)
+    return placed, elapsed

@@ -7,11 +7,8 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import queue as queue_module
 import random
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -29,13 +26,12 @@ from .common import (
     BadInputError,
     Checks,
     Options,
-    Progress,
     check_find_and_shard,
     display_url,
     iso,
     one_line,
     parse_options,
-    split_evenly,
+    place_orders_in_processes,
 )
 
 
@@ -209,36 +205,7 @@ def run(options: Options) -> int:
     customer_ids = [c.id for c in customers]
 
     # 2. place orders from several processes at once.
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    shares = split_evenly(options.orders, options.processes)
-    processes = [
-        context.Process(target=_child, args=(options, customer_ids, n, seed, queue))
-        for seed, n in enumerate(shares) if n
-    ]
-    started = time.perf_counter()
-    for process in processes:
-        process.start()
-    bar = Progress(options.orders, "placing orders", enabled=not options.quiet)
-    placed: list[int] = []
-    finished = 0
-    while finished < len(processes):
-        try:
-            message = queue.get(timeout=1)
-        except queue_module.Empty:
-            if any(p.exitcode not in (None, 0) for p in processes):
-                print("error: an order process failed (see its traceback above)", file=sys.stderr)
-                break
-            continue
-        if isinstance(message, int):
-            bar.advance(message)
-        else:
-            placed.extend(message)
-            finished += 1
-    elapsed = time.perf_counter() - started
-    bar.finish()
-    for process in processes:
-        process.join(timeout=60)
+    placed, elapsed = place_orders_in_processes(options, customer_ids, _child)
     return verify(options, router=router, engines=engines, factory=factory, placed=placed,
                   elapsed=elapsed, find_ids=find_ids)
 
