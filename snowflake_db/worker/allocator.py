@@ -62,6 +62,8 @@ DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_MAX_FLOOR_WAIT_MS = 1000
 #: How many times the slot table is re-read when every claim of a round lost a race.
 _SCAN_ROUNDS = 3
+#: CREATE TABLE attempts when other processes race to create the tables.
+_CREATE_ATTEMPTS = 5
 #: Registration inserts tried when the generated key collides with an existing row.
 _REGISTER_ATTEMPTS = 5
 #: Margin added to a released reservation's high-water mark (database clock), in ms.
@@ -712,14 +714,23 @@ class TableWorkerAllocator:
             return result
 
     def _create_tables(self, connection: Connection) -> None:
-        try:
-            with connection.begin():
-                self.store.create_tables(connection)
-        except DBAPIError:
-            # Another process created them between our check and our CREATE TABLE.
-            with connection.begin():
-                if self.store.missing_tables(connection):
+        """CREATE TABLE for missing tables, tolerating processes that race to do the same.
+
+        A racing process may have created one table and not yet the other, so after a failure
+        the check (``checkfirst``) and creation run again, a bounded number of times.
+        """
+        for attempt in range(1, _CREATE_ATTEMPTS + 1):
+            try:
+                with connection.begin():
+                    self.store.create_tables(connection)
+                break
+            except DBAPIError:
+                with connection.begin():
+                    if not self.store.missing_tables(connection):
+                        break
+                if attempt == _CREATE_ATTEMPTS:
                     raise
+                time.sleep(random.uniform(0.01, 0.05) * attempt)
         self._tables_ready = True
 
     def _unavailable(self, action: str, error: BaseException) -> AllocatorUnavailableError:
