@@ -14,10 +14,9 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .. import process as _process
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from ..generator import SnowflakeGenerator
-from ..process import get_generator
+from ..process import get_generator, snowflake_default
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
@@ -192,7 +191,7 @@ class SnowflakeDefault:
     def __call__(self, context: ExecutionContext) -> int:
         """Called by SQLAlchemy once per inserted row with the execution context."""
         if self._plain and not _bound:
-            return _process._next_id()
+            return snowflake_default()
         values: Mapping[str, Any] | None = None
         if self._shard_for is not None:
             values = context.get_current_parameters()  # type: ignore[attr-defined]
@@ -250,6 +249,6 @@ def snowflake_id_default(context: ExecutionContext) -> int:
     row, and with nothing bound it is one check and the generator's own call.
     """
     if not _bound:
-        return _process._next_id()
+        return snowflake_default()
     return _plain_default(context)
 
