@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import django
 import pytest
@@ -38,8 +39,9 @@ from tests.plugins.databases import in_ci  # noqa: E402
 BACKEND_ALIASES = {"sqlite": "default", "postgresql": "postgresql", "mariadb": "mariadb"}
 
 
-def _params(*, transaction: bool) -> list[object]:
-    params: list[object] = []
+def _params(*, transaction: bool) -> list[Any]:
+    """One ``pytest.param`` per backend, marked for pytest-django where the alias exists."""
+    params: list[Any] = []
     for name, alias in BACKEND_ALIASES.items():
         marks = (
             [pytest.mark.django_db(databases=[alias], transaction=transaction)]
@@ -48,6 +50,13 @@ def _params(*, transaction: bool) -> list[object]:
         )
         params.append(pytest.param(alias, marks=marks, id=name))
     return params
+
+
+def backends(*names: str, transaction: bool = False) -> pytest.MarkDecorator:
+    """Run a test only on the named backends (rather than skipping it on the others)."""
+    fixture = "tx_backend" if transaction else "backend"
+    chosen = [param for param in _params(transaction=transaction) if param.id in names]
+    return pytest.mark.parametrize(fixture, chosen, indirect=True)
 
 
 def _require(alias: str) -> None:

@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 import snowflake_db
 from snowflake_db import snowflake_default
 from snowflake_db.django import SnowflakeAutoField, SnowflakeField
+from tests.django.conftest import backends
 from tests.django_project.routers import use_alias
 from tests.django_project.shop.models import Customer, Invoice, Item, Order, Tag
 
@@ -184,13 +185,12 @@ def test_multiple_databases_with_using() -> None:
     assert len(everything) == len(set(everything))
 
 
+@backends("mariadb")
 def test_mariadb_never_reads_the_pk_back_through_lastrowid(backend: str) -> None:
     """Django's MySQL backend reads an AutoField through cursor.lastrowid when it cannot use
     RETURNING (MySQL; MariaDB < 10.5). For a column without AUTO_INCREMENT that value is 0:
     the field therefore sets db_returning = False, so Django reads nothing back at all."""
     connection = connections[backend]
-    if connection.vendor != "mysql":
-        pytest.skip("MariaDB/MySQL only")
     # The hazard, shown on the real table: lastrowid after inserting an explicit ID is 0.
     snowflake = snowflake_default()
     with connection.cursor() as cursor:

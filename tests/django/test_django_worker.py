@@ -23,6 +23,7 @@ from snowflake_db.django import checks
 from snowflake_db.django.conf import get_layout
 from snowflake_db.django.models import WorkerRegistration, WorkerSlot
 from snowflake_db.django.worker import DjangoTableWorkerAllocator, configure_from_settings
+from tests.django.conftest import backends
 from tests.django_project.shop.models import Customer, Order
 
 LAYOUT = snowflake_db.Layout()
@@ -206,10 +207,9 @@ def test_check_epoch_change_after_ids_exist(backend: str) -> None:
     assert "in the future" in messages[0].msg and "shop.Customer" in messages[0].msg
 
 
+@backends("postgresql", "mariadb", transaction=True)  # every SQLite integer column is 64-bit
 def test_check_non_bigint_column_on_servers(tx_backend: str) -> None:
     alias = tx_backend
-    if connections[alias].vendor == "sqlite":
-        pytest.skip("every SQLite integer column is 64-bit")
     with isolate_apps("tests.django_project.shop"):
 
         class LegacyItem(models.Model):
