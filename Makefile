@@ -18,6 +18,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy --strict snowflake_db
 
 test: lint
 	$(BIN)/python -m pytest
