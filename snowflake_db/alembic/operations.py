@@ -314,9 +314,8 @@ def _render_revert(autogen_context: AutogenContext, op: RevertSnowflakePkOp) -> 
 # -- PostgreSQL server-side function -------------------------------------------------------
 
 
-@Operations.register_operation("create_snowflake_id_function")
-class CreateSnowflakeIdFunctionOp(MigrateOperation):
-    """Install ``snowflake_next_id()`` on PostgreSQL with a permanently reserved worker slot."""
+class _SnowflakeIdFunctionOp(MigrateOperation):
+    """What the create and drop operations share: where the function and its slot live."""
 
     def __init__(
         self,
@@ -329,7 +328,6 @@ class CreateSnowflakeIdFunctionOp(MigrateOperation):
         slots_table: str = DEFAULT_SLOTS_TABLE,
         registrations_table: str = DEFAULT_REGISTRATIONS_TABLE,
         slots_schema: str | None = None,
-        rollback_tolerance_ms: int = DEFAULT_ROLLBACK_TOLERANCE_MS,
     ) -> None:
         self.spec = _pg_function.FunctionSpec(name, schema)
         self.name = name
@@ -340,6 +338,47 @@ class CreateSnowflakeIdFunctionOp(MigrateOperation):
         self.slots_table = slots_table
         self.registrations_table = registrations_table
         self.slots_schema = slots_schema
+
+    def _location(self) -> dict[str, Any]:
+        """The constructor keywords naming the function and its slot (for ``reverse()``)."""
+        return {
+            "schema": self.schema,
+            "layout": self.layout,
+            "label": self.label,
+            "control_url": self.control_url,
+            "slots_table": self.slots_table,
+            "registrations_table": self.registrations_table,
+            "slots_schema": self.slots_schema,
+        }
+
+    def _keywords(self) -> dict[str, Any]:
+        """The keywords to render, defaults left out."""
+        rendered_layout = _render_layout(self.layout)
+        return {
+            "schema": self.schema,
+            "layout": None if rendered_layout is None else _LayoutRepr(rendered_layout),
+            "label": self.label,
+            "control_url": self.control_url,
+            "slots_table": None if self.slots_table == DEFAULT_SLOTS_TABLE else self.slots_table,
+            "registrations_table": None
+            if self.registrations_table == DEFAULT_REGISTRATIONS_TABLE
+            else self.registrations_table,
+            "slots_schema": self.slots_schema,
+        }
+
+
+@Operations.register_operation("create_snowflake_id_function")
+class CreateSnowflakeIdFunctionOp(_SnowflakeIdFunctionOp):
+    """Install ``snowflake_next_id()`` on PostgreSQL with a permanently reserved worker slot."""
+
+    def __init__(
+        self,
+        name: str = "snowflake_next_id",
+        *,
+        rollback_tolerance_ms: int = DEFAULT_ROLLBACK_TOLERANCE_MS,
+        **location: Any,
+    ) -> None:
+        super().__init__(name, **location)
         self.rollback_tolerance_ms = rollback_tolerance_ms
 
     @classmethod
@@ -379,58 +418,17 @@ class CreateSnowflakeIdFunctionOp(MigrateOperation):
         )
 
     def reverse(self) -> DropSnowflakeIdFunctionOp:
-        return DropSnowflakeIdFunctionOp(
-            self.name,
-            schema=self.schema,
-            layout=self.layout,
-            label=self.label,
-            control_url=self.control_url,
-            slots_table=self.slots_table,
-            registrations_table=self.registrations_table,
-            slots_schema=self.slots_schema,
-        )
-
-    def _keywords(self) -> dict[str, Any]:
-        rendered_layout = _render_layout(self.layout)
-        return {
-            "schema": self.schema,
-            "layout": None if rendered_layout is None else _LayoutRepr(rendered_layout),
-            "label": self.label,
-            "control_url": self.control_url,
-            "slots_table": None if self.slots_table == DEFAULT_SLOTS_TABLE else self.slots_table,
-            "registrations_table": None
-            if self.registrations_table == DEFAULT_REGISTRATIONS_TABLE
-            else self.registrations_table,
-            "slots_schema": self.slots_schema,
-        }
+        return DropSnowflakeIdFunctionOp(self.name, **self._location())
 
 
 @Operations.register_operation("drop_snowflake_id_function")
-class DropSnowflakeIdFunctionOp(MigrateOperation):
+class DropSnowflakeIdFunctionOp(_SnowflakeIdFunctionOp):
     """Drop the function and its state sequence, and free its reserved worker slot."""
 
     def __init__(
-        self,
-        name: str = "snowflake_next_id",
-        *,
-        schema: str | None = None,
-        layout: Layout | None = None,
-        label: str | None = None,
-        control_url: str | None = None,
-        slots_table: str = DEFAULT_SLOTS_TABLE,
-        registrations_table: str = DEFAULT_REGISTRATIONS_TABLE,
-        slots_schema: str | None = None,
-        release_worker: bool = True,
+        self, name: str = "snowflake_next_id", *, release_worker: bool = True, **location: Any
     ) -> None:
-        self.spec = _pg_function.FunctionSpec(name, schema)
-        self.name = name
-        self.schema = schema
-        self.layout = layout
-        self.label = label
-        self.control_url = control_url
-        self.slots_table = slots_table
-        self.registrations_table = registrations_table
-        self.slots_schema = slots_schema
+        super().__init__(name, **location)
         self.release_worker = release_worker
 
     @classmethod
@@ -468,31 +466,10 @@ class DropSnowflakeIdFunctionOp(MigrateOperation):
         )
 
     def reverse(self) -> CreateSnowflakeIdFunctionOp:
-        return CreateSnowflakeIdFunctionOp(
-            self.name,
-            schema=self.schema,
-            layout=self.layout,
-            label=self.label,
-            control_url=self.control_url,
-            slots_table=self.slots_table,
-            registrations_table=self.registrations_table,
-            slots_schema=self.slots_schema,
-        )
+        return CreateSnowflakeIdFunctionOp(self.name, **self._location())
 
     def _keywords(self) -> dict[str, Any]:
-        rendered_layout = _render_layout(self.layout)
-        return {
-            "schema": self.schema,
-            "layout": None if rendered_layout is None else _LayoutRepr(rendered_layout),
-            "label": self.label,
-            "control_url": self.control_url,
-            "slots_table": None if self.slots_table == DEFAULT_SLOTS_TABLE else self.slots_table,
-            "registrations_table": None
-            if self.registrations_table == DEFAULT_REGISTRATIONS_TABLE
-            else self.registrations_table,
-            "slots_schema": self.slots_schema,
-            "release_worker": None if self.release_worker else False,
-        }
+        return {**super()._keywords(), "release_worker": None if self.release_worker else False}
 
 
 def _postgresql_bind(
