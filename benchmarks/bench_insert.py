@@ -7,9 +7,13 @@ else ``SNOWFLAKE_TEST_POSTGRES_URL``, else the local server) and drops it afterw
 
 Paths, each in batches of ``--batch`` rows (1000), every key kind in its own table:
 
-* **core**: ``conn.execute(orders.insert(), rows)``, one transaction per batch (executemany,
-  which SQLAlchemy turns into multi-row INSERTs: insertmanyvalues);
+* **core**: ``conn.execute(orders.insert(), rows)``, one transaction per batch (executemany;
+  psycopg sends the rows in pipeline mode);
 * **orm**: ``session.add_all(objects)`` then ``commit()`` per batch (the unit of work);
+
+The engine has ``snowflake_db.sqlalchemy.assign_ids_in_bulk(engine)`` (the recommended set-up:
+one ``next_ids`` call per multi-row INSERT); ``--per-row`` leaves SQLAlchemy to evaluate the
+Snowflake default row by row instead. Either way every key kind runs on the same engine.
 * **copy**: psycopg ``cursor.copy()`` of whole batches; BIGSERIAL lets the server fill the key,
   Snowflake sends IDs from ``next_ids(n)``.
 
@@ -55,7 +59,11 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import snowflake_db
-from snowflake_db.sqlalchemy import snowflake_column, snowflake_mapped_column
+from snowflake_db.sqlalchemy import (
+    assign_ids_in_bulk,
+    snowflake_column,
+    snowflake_mapped_column,
+)
 
 TARGET_RATIO = 0.95  # Snowflake rows/s >= 0.95x BIGSERIAL on the same path (DESIGN.md)
 KINDS = ("bigserial", "snowflake", "uuid4", "uuid7")
@@ -301,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         "SNOWFLAKE_BENCH_POSTGRES_URL", os.environ.get("SNOWFLAKE_TEST_POSTGRES_URL", DEFAULT_URL)
     ))
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    parser.add_argument("--per-row", action="store_true",
+                        help="no assign_ids_in_bulk: SQLAlchemy calls the default once per row")
     args = parser.parse_args(argv)
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     unknown = set(paths) - set(PATHS)
@@ -309,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
 
     url, drop = scratch_database(make_url(args.url))
     engine = create_engine(url, pool_size=2)
+    if not args.per_row:
+        assign_ids_in_bulk(engine)
     snowflake_db.configure(worker_id=1)
     with engine.connect() as conn:
         server = conn.scalar(text("SHOW server_version"))
@@ -316,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.python_version()}, PostgreSQL {server}, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f}")
     print(f"{args.rows:,} orders per key kind and path, batches of {args.batch:,} "
-          f"(COPY: {args.copy_batch:,}), interleaved\n")
+          f"(COPY: {args.copy_batch:,}), interleaved; Snowflake keys "
+          + ("per row (--per-row)" if args.per_row else "in bulk (assign_ids_in_bulk)") + "\n")
     results: dict[str, dict[str, Tally]] = {}
     table_sizes: dict[str, tuple[int, int]] = {}
     copy_sizes: dict[str, tuple[int, int]] = {}
