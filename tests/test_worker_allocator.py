@@ -281,6 +281,20 @@ def test_permanent_reservation(any_db: ScratchDatabase) -> None:
         assert row.state == "free" and row.high_water_ms >= before + 1000
 
 
+def _run_with_worker_url(script: str, db: ScratchDatabase) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a fresh interpreter configured only by ``SNOWFLAKE_WORKER_URL``."""
+    env = dict(os.environ, SNOWFLAKE_WORKER_URL=db.url_string, PYTHONPATH=REPO)
+    env.pop("SNOWFLAKE_WORKER_ID", None)
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
 def test_import_without_sqlalchemy_names_the_extra(sqlite_db: ScratchDatabase) -> None:
     script = (
         "import sys\n"
@@ -294,16 +308,7 @@ def test_import_without_sqlalchemy_names_the_extra(sqlite_db: ScratchDatabase) -
         "except ImportError as error:\n"
         "    print('ERROR', error)\n"
     )
-    env = dict(os.environ, SNOWFLAKE_WORKER_URL=sqlite_db.url_string, PYTHONPATH=REPO)
-    env.pop("SNOWFLAKE_WORKER_ID", None)
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    result = _run_with_worker_url(script, sqlite_db)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == "True"
     assert "pip install 'snowflake-db[sqlalchemy]'" in result.stdout
@@ -316,16 +321,7 @@ def test_worker_url_environment_variable(sqlite_db: ScratchDatabase) -> None:
         "gen = snowflake_db.get_generator()\n"
         "print(type(gen.lease).__name__, gen.worker_id, gen.layout.decode(first).worker_id)\n"
     )
-    env = dict(os.environ, SNOWFLAKE_WORKER_URL=sqlite_db.url_string, PYTHONPATH=REPO)
-    env.pop("SNOWFLAKE_WORKER_ID", None)
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    result = _run_with_worker_url(script, sqlite_db)
     assert result.returncode == 0, result.stderr
     kind, worker, decoded = result.stdout.split()
     assert kind == "TableLease" and worker == decoded
