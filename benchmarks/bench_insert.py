@@ -11,16 +11,17 @@ Paths, each in batches of ``--batch`` rows (1000), every key kind in its own tab
   psycopg sends the rows in pipeline mode);
 * **orm**: ``session.add_all(objects)`` then ``commit()`` per batch (the unit of work);
 
-The engine has ``snowflake_db.sqlalchemy.assign_ids_in_bulk(engine)`` (the recommended set-up:
-one ``next_ids`` call per multi-row INSERT); ``--per-row`` leaves SQLAlchemy to evaluate the
-Snowflake default row by row instead. Either way every key kind runs on the same engine.
+Every key kind runs on the same engine, with SQLAlchemy's default settings.
 * **copy**: psycopg ``cursor.copy()`` of whole batches; BIGSERIAL lets the server fill the key,
   Snowflake sends IDs from ``next_ids(n)``.
 
-Key kinds: ``BIGSERIAL``; a ``BIGINT`` with the Snowflake column default; ``UUID`` from
-``uuid.uuid4()``; ``UUID`` version 7 (time-ordered; a small local function when the Python
-version lacks ``uuid.uuid7``). Batches are interleaved (kind order rotates every batch) so
-background load hits every kind alike; ratios are taken against BIGSERIAL in the same run.
+Key kinds: ``BIGSERIAL``; ``snowflake``, the column helpers' default (``snowflake_column`` /
+``snowflake_mapped_column``: one ``next_ids`` call per multi-row INSERT); ``snowflake_fn``, the
+bare one-liner ``default=snowflake_default`` (SQLAlchemy calls it once per row; core and orm
+only); ``UUID`` from ``uuid.uuid4()``; ``UUID`` version 7 (time-ordered; a small local function
+when the Python version lacks ``uuid.uuid7``). Batches are interleaved (kind order rotates every
+batch) so background load hits every kind alike; ratios are taken against BIGSERIAL in the same
+run.
 Sizes come from ``pg_relation_size`` (table heap) and ``pg_indexes_size`` (its only index, the
 primary key) after the core path. Besides the ratio of total rows/s (which the targets use) the
 table shows the median over batches of the per-batch time ratio, which a load spike on a shared
@@ -59,14 +60,10 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import snowflake_db
-from snowflake_db.sqlalchemy import (
-    assign_ids_in_bulk,
-    snowflake_column,
-    snowflake_mapped_column,
-)
+from snowflake_db.sqlalchemy import snowflake_column, snowflake_default, snowflake_mapped_column
 
 TARGET_RATIO = 0.95  # Snowflake rows/s >= 0.95x BIGSERIAL on the same path (DESIGN.md)
-KINDS = ("bigserial", "snowflake", "uuid4", "uuid7")
+KINDS = ("bigserial", "snowflake", "snowflake_fn", "uuid4", "uuid7")
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
@@ -100,6 +97,11 @@ CORE_TABLES: dict[str, Table] = {
         *_order_columns(),
     ),
     "snowflake": Table("orders_snowflake", core, snowflake_column("id"), *_order_columns()),
+    "snowflake_fn": Table(
+        "orders_snowflake_fn", core,
+        Column("id", BigInteger, primary_key=True, default=snowflake_default, autoincrement=False),
+        *_order_columns(),
+    ),
     "uuid4": Table(
         "orders_uuid4", core, Column("id", UUID, primary_key=True, default=uuid.uuid4),
         *_order_columns(),
@@ -138,6 +140,13 @@ class OrmSnowflake(_Order, Base):
     id: Mapped[int] = snowflake_mapped_column()
 
 
+class OrmSnowflakeFn(_Order, Base):
+    __tablename__ = "orm_snowflake_fn"
+    id: Mapped[int] = mapped_column(
+        BigInteger, primary_key=True, default=snowflake_default, autoincrement=False
+    )
+
+
 class OrmUuid4(_Order, Base):
     __tablename__ = "orm_uuid4"
     id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True, default=uuid.uuid4)
@@ -151,6 +160,7 @@ class OrmUuid7(_Order, Base):
 ORM_MODELS: dict[str, type[_Order]] = {
     "bigserial": OrmBigserial,
     "snowflake": OrmSnowflake,
+    "snowflake_fn": OrmSnowflakeFn,
     "uuid4": OrmUuid4,
     "uuid7": OrmUuid7,
 }
@@ -309,8 +319,6 @@ def main(argv: list[str] | None = None) -> int:
         "SNOWFLAKE_BENCH_POSTGRES_URL", os.environ.get("SNOWFLAKE_TEST_POSTGRES_URL", DEFAULT_URL)
     ))
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
-    parser.add_argument("--per-row", action="store_true",
-                        help="no assign_ids_in_bulk: SQLAlchemy calls the default once per row")
     args = parser.parse_args(argv)
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     unknown = set(paths) - set(PATHS)
@@ -319,8 +327,6 @@ def main(argv: list[str] | None = None) -> int:
 
     url, drop = scratch_database(make_url(args.url))
     engine = create_engine(url, pool_size=2)
-    if not args.per_row:
-        assign_ids_in_bulk(engine)
     snowflake_db.configure(worker_id=1)
     with engine.connect() as conn:
         server = conn.scalar(text("SHOW server_version"))
@@ -328,8 +334,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.python_version()}, PostgreSQL {server}, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f}")
     print(f"{args.rows:,} orders per key kind and path, batches of {args.batch:,} "
-          f"(COPY: {args.copy_batch:,}), interleaved; Snowflake keys "
-          + ("per row (--per-row)" if args.per_row else "in bulk (assign_ids_in_bulk)") + "\n")
+          f"(COPY: {args.copy_batch:,}), interleaved\n")
     results: dict[str, dict[str, Tally]] = {}
     table_sizes: dict[str, tuple[int, int]] = {}
     copy_sizes: dict[str, tuple[int, int]] = {}

@@ -2,12 +2,11 @@
 
 ``Column(BigInteger, primary_key=True, default=snowflake_default, autoincrement=False)`` is all
 it takes; the helpers here spell that out, add foreign-key columns of the right width, per-table
-and per-engine generators, an optional ID-at-construction hook, and an opt-in fast path that
-issues the keys of multi-row INSERTs in bulk.
+and per-engine generators, and an optional ID-at-construction hook. Their default issues the
+keys of a multi-row INSERT with one ``next_ids`` call.
 """
 
 from ..process import snowflake_default
-from .bulk import assign_ids_in_bulk, stop_assigning_ids_in_bulk
 from .columns import (
     SNOWFLAKE_INFO_KEY,
     is_snowflake_column,
@@ -28,7 +27,6 @@ from .generators import (
 __all__ = [
     "SNOWFLAKE_INFO_KEY",
     "SnowflakeDefault",
-    "assign_ids_in_bulk",
     "assign_ids_on_init",
     "bind_generator",
     "generator_for",
@@ -39,7 +37,6 @@ __all__ = [
     "snowflake_fk_mapped_column",
     "snowflake_id_default",
     "snowflake_mapped_column",
-    "stop_assigning_ids_in_bulk",
     "stop_assigning_ids_on_init",
     "unbind_generator",
 ]

@@ -4,7 +4,9 @@ A plain ``default=snowflake_default`` always uses the process-wide generator. A
 :class:`SnowflakeDefault` is a *context-sensitive* default: SQLAlchemy passes it the execution
 context of each row (`context_default_functions` in the SQLAlchemy docs), so it can pick a
 generator bound to the row's table or to the engine executing the statement (each shard's engine
-may carry its own layout), and can compute an embedded shard from the row's own values.
+may carry its own layout), and can compute an embedded shard from the row's own values. It (and
+the column helpers' default) also sees how many rows the INSERT has, so a multi-row INSERT takes
+its IDs with one ``next_ids`` call instead of one generator call per row.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from ..errors import GeneratorClosedError, InvalidArgumentError, InvalidArgumentTypeError
 from ..generator import SnowflakeGenerator
 from ..process import get_generator, snowflake_default
 
@@ -37,6 +39,11 @@ GeneratorSource = SnowflakeGenerator | Callable[[], SnowflakeGenerator]
 created lazily, e.g. after a fork)."""
 
 ShardFunction = Callable[[Mapping[str, Any]], int]
+_Issued = TypeVar("_Issued", int, list[int])
+
+#: The execution-context attribute holding a multi-row INSERT's IDs: ``{column: next ID}``.
+#: The per-row defaults spell it out literally (``context._snowflake_db_batches``) for speed.
+_BATCHES = "_snowflake_db_batches"
 
 _lock = threading.Lock()
 _by_table: dict[str, GeneratorSource] = {}
@@ -160,15 +167,15 @@ class SnowflakeDefault:
     """A column default that issues an ID per row from the right generator.
 
     * ``SnowflakeDefault()`` uses the table's bound generator, else the engine's, else the
-      process-wide one (``snowflake_default``); with no bindings it costs the same as
-      ``default=snowflake_default``.
+      process-wide one (``snowflake_default``). A multi-row INSERT takes its IDs in one
+      ``next_ids`` call.
     * ``SnowflakeDefault(generator)`` always uses ``generator`` (or a factory returning one).
     * ``shard=3`` or ``shard_for=lambda row: ...`` embed a shard in the layout's shard bits;
       ``shard_for`` gets the row's values (the INSERT parameters, or the constructor's keyword
       arguments with :func:`~snowflake_db.sqlalchemy.assign_ids_on_init`).
     """
 
-    __slots__ = ("_generator", "_plain", "_shard", "_shard_for")
+    __slots__ = ("_generator", "_shard", "_shard_for")
 
     def __init__(
         self,
@@ -186,20 +193,20 @@ class SnowflakeDefault:
         self._generator = None if generator is None else _check_source(generator)
         self._shard = shard
         self._shard_for = shard_for
-        self._plain = generator is None and shard is None and shard_for is None
 
     def __call__(self, context: ExecutionContext) -> int:
-        """Called by SQLAlchemy once per inserted row with the execution context."""
-        if self._plain and not _bound:
-            return snowflake_default()
-        values: Mapping[str, Any] | None = None
-        if self._shard_for is not None:
-            values = context.get_current_parameters()  # type: ignore[attr-defined]
-        return self.id_for(
-            table=_current_table(context),
-            engine=getattr(context, "root_connection", None),
-            values=values,
-        )
+        """Called by SQLAlchemy once per inserted row with the execution context.
+
+        A multi-row INSERT takes all of its IDs with one ``next_ids`` call at its first row and
+        hands them out from the execution context (see :func:`_id_for_new_row`), so each row
+        costs a dictionary lookup instead of a generator call.
+        """
+        if self._shard_for is None:
+            try:
+                return context._snowflake_db_batches[context.current_column]()  # type: ignore[attr-defined, no-any-return]
+            except (AttributeError, KeyError, StopIteration):
+                pass
+        return _id_for_new_row(self, context)
 
     def generator(
         self,
@@ -220,13 +227,51 @@ class SnowflakeDefault:
         values: Mapping[str, Any] | None = None,
     ) -> int:
         """Issue an ID outside an INSERT (object construction, COPY, raw SQL)."""
-        generator = self.generator(table=table, engine=engine)
         shard = self._shard
         if self._shard_for is not None:
             shard = self._shard_for(values if values is not None else {})
         if shard is None:
-            return generator.next_id()
-        return generator.next_id_in_shard(shard)
+            return self._issue(table, engine, SnowflakeGenerator.next_id)
+        return self._issue(table, engine, lambda generator: generator.next_id_in_shard(shard))
+
+    def ids_for(
+        self,
+        count: int,
+        *,
+        table: TableClause | str | None = None,
+        engine: Engine | AsyncEngine | Connection | None = None,
+    ) -> list[int]:
+        """Issue ``count`` increasing IDs with one ``next_ids`` call (bulk loads, COPY).
+
+        Not for a ``shard_for`` default: its shard depends on each row's values.
+        """
+        if self._shard_for is not None:
+            raise InvalidArgumentError(
+                "ids_for() cannot compute shard_for per row; call id_for(values=...) per row"
+            )
+        shard = self._shard
+
+        def issue(generator: SnowflakeGenerator) -> list[int]:
+            if shard is None:
+                return generator.next_ids(count)
+            generator.layout.check_shard(shard)
+            return [snowflake_id | shard for snowflake_id in generator.next_ids(count)]
+
+        return self._issue(table, engine, issue)
+
+    def _issue(
+        self,
+        table: TableClause | str | None,
+        engine: Engine | AsyncEngine | Connection | None,
+        issue: Callable[[SnowflakeGenerator], _Issued],
+    ) -> _Issued:
+        generator = self.generator(table=table, engine=engine)
+        try:
+            return issue(generator)
+        except GeneratorClosedError:
+            # configure() replaced the process generator while this call was in flight: a
+            # second lookup finds the new one (a closed generator bound by hand raises again).
+            return issue(self.generator(table=table, engine=engine))
 
     def __repr__(self) -> str:
         parts = []
@@ -240,15 +285,63 @@ class SnowflakeDefault:
 
 
 _plain_default = SnowflakeDefault()
+#: What a bare ``default=snowflake_default`` stands for: always the process-wide generator.
+_process_default = SnowflakeDefault(get_generator)
+
+
+def snowflake_default_of(column: Any) -> SnowflakeDefault | None:
+    """The :class:`SnowflakeDefault` a column's Python default amounts to, if it is one.
+
+    The column helpers' :func:`snowflake_id_default` is the unbound ``SnowflakeDefault()``; a bare
+    ``default=snowflake_default`` (which SQLAlchemy wraps, keeping it as ``__wrapped__``) always
+    uses the process-wide generator. Any other default gives ``None``.
+    """
+    arg = getattr(getattr(column, "default", None), "arg", None)
+    if arg is snowflake_id_default:
+        return _plain_default
+    if isinstance(arg, SnowflakeDefault):
+        return arg
+    if getattr(arg, "__wrapped__", None) is snowflake_default:
+        return _process_default
+    return None
 
 
 def snowflake_id_default(context: ExecutionContext) -> int:
     """The default the column helpers use: bindings first, then the process-wide generator.
 
-    A plain function rather than a ``SnowflakeDefault`` instance: SQLAlchemy calls it for every
-    row, and with nothing bound it is one check and the generator's own call.
+    A plain function rather than a ``SnowflakeDefault`` instance, with the same per-statement
+    batches: SQLAlchemy calls it for every row, and a function call is the cheapest call.
     """
-    if not _bound:
-        return snowflake_default()
-    return _plain_default(context)
+    try:
+        return context._snowflake_db_batches[context.current_column]()  # type: ignore[attr-defined, no-any-return]
+    except (AttributeError, KeyError, StopIteration):
+        return _id_for_new_row(_plain_default, context)
 
+
+def _id_for_new_row(default: SnowflakeDefault, context: ExecutionContext) -> int:
+    """The per-row default's slow path: start the statement's batch of IDs, or issue one ID.
+
+    SQLAlchemy evaluates a default once per parameter set, at the first row's turn for every
+    row of an executemany or insertmanyvalues INSERT (``context.compiled_parameters``), within
+    one call on one thread. So the first row takes all of the statement's IDs at once and
+    leaves the rest on the execution context, keyed by column (a table may have two Snowflake
+    columns). Single rows, multi-VALUES inserts (which pass a copy of the column per row),
+    ``shard_for`` defaults and a batch already used up get one ID each. Nothing outlives the
+    statement: the next execution has a new context.
+    """
+    table = _current_table(context)
+    engine = getattr(context, "root_connection", None)
+    if default._shard_for is not None:
+        values = context.get_current_parameters()  # type: ignore[attr-defined]
+        return default.id_for(table=table, engine=engine, values=values)
+    rows = len(getattr(context, "compiled_parameters", None) or ())
+    column = getattr(context, "current_column", None)
+    batches: dict[Any, Callable[[], int]] | None = getattr(context, _BATCHES, None)
+    if rows < 2 or column is None or (batches is not None and column in batches):
+        return default.id_for(table=table, engine=engine)
+    if batches is None:
+        batches = {}
+        setattr(context, _BATCHES, batches)
+    ids = default.ids_for(rows, table=table, engine=engine)
+    next_in_batch = batches[column] = iter(ids).__next__
+    return next_in_batch()
