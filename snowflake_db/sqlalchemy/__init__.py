@@ -3,7 +3,9 @@
 ``Column(BigInteger, primary_key=True, default=snowflake_default, autoincrement=False)`` is all
 it takes; the helpers here spell that out, add foreign-key columns of the right width, per-table
 and per-engine generators, and an optional ID-at-construction hook. Their default issues the
-keys of a multi-row INSERT with one ``next_ids`` call.
+keys of a multi-row INSERT with one ``next_ids`` call, and importing this package lets the ORM
+set the keys of new objects at flush so that it can send their INSERTs as one executemany
+(:mod:`snowflake_db.sqlalchemy.flush`).
 """
 
 from ..process import snowflake_default
@@ -16,6 +18,7 @@ from .columns import (
     snowflake_mapped_column,
 )
 from .events import assign_ids_on_init, stop_assigning_ids_on_init
+from .flush import install_flush_hook
 from .generators import (
     SnowflakeDefault,
     bind_generator,
@@ -40,3 +43,5 @@ __all__ = [
     "stop_assigning_ids_on_init",
     "unbind_generator",
 ]
+
+install_flush_hook()

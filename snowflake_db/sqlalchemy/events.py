@@ -15,9 +15,7 @@ from sqlalchemy.orm import Mapper
 from sqlalchemy.sql.schema import CallableColumnDefault
 
 from ..errors import InvalidArgumentError
-from .generators import SnowflakeDefault, snowflake_id_default
-
-_PLAIN = SnowflakeDefault()
+from .generators import snowflake_default_of
 
 __all__ = ["assign_ids_on_init", "stop_assigning_ids_on_init"]
 
@@ -27,6 +25,9 @@ _listeners: dict[tuple[type, str], Callable[..., None]] = {}
 def _id_for(cls: type, key: str, values: dict[str, Any]) -> int:
     mapper: Mapper[Any] = inspect(cls)
     column = mapper.columns[key]
+    snowflake = snowflake_default_of(column)
+    if snowflake is not None:
+        return snowflake.id_for(table=column.table, values=values)
     default = column.default
     if not isinstance(default, CallableColumnDefault):
         raise InvalidArgumentError(
@@ -34,10 +35,6 @@ def _id_for(cls: type, key: str, values: dict[str, Any]) -> int:
             "snowflake_mapped_column() or default=snowflake_default"
         )
     function: Any = getattr(default.arg, "__wrapped__", default.arg)
-    if function is snowflake_id_default:
-        function = _PLAIN
-    if isinstance(function, SnowflakeDefault):
-        return function.id_for(table=column.table, values=values)
     value = function()
     if not isinstance(value, int):
         raise InvalidArgumentError(f"the default of {cls.__name__}.{key} returned {value!r}")
