@@ -9,7 +9,9 @@ Paths, each in batches of ``--batch`` rows (1000), every key kind in its own tab
 
 * **core**: ``conn.execute(orders.insert(), rows)``, one transaction per batch (executemany;
   psycopg sends the rows in pipeline mode);
-* **orm**: ``session.add_all(objects)`` then ``commit()`` per batch (the unit of work);
+* **orm**: ``session.add_all(objects)`` then ``commit()`` per batch (the unit of work; with a
+  Snowflake key it sets the keys at flush and sends one executemany, while BIGSERIAL needs
+  ``INSERT .. RETURNING`` to learn its keys);
 
 Every key kind runs on the same engine, with SQLAlchemy's default settings.
 * **copy**: psycopg ``cursor.copy()`` of whole batches; BIGSERIAL lets the server fill the key,
@@ -18,10 +20,12 @@ Every key kind runs on the same engine, with SQLAlchemy's default settings.
 Key kinds: ``BIGSERIAL``; ``snowflake``, the column helpers' default (``snowflake_column`` /
 ``snowflake_mapped_column``: one ``next_ids`` call per multi-row INSERT); ``snowflake_fn``, the
 bare one-liner ``default=snowflake_default`` (SQLAlchemy calls it once per row; core and orm
-only); ``UUID`` from ``uuid.uuid4()``; ``UUID`` version 7 (time-ordered; a small local function
-when the Python version lacks ``uuid.uuid7``). Batches are interleaved (kind order rotates every
-batch) so background load hits every kind alike; ratios are taken against BIGSERIAL in the same
-run.
+only); ``given_ids`` (core only), rows that already carry IDs issued before the timer starts:
+not a way to insert, but the cost of the extra bound parameter alone, the floor for any
+application-side key; ``UUID`` from ``uuid.uuid4()``; ``UUID`` version 7 (time-ordered; a small
+local function when the Python version lacks ``uuid.uuid7``). Batches are interleaved (kind order
+rotates every batch) so background load hits every kind alike; ratios are taken against
+BIGSERIAL in the same run.
 Sizes come from ``pg_relation_size`` (table heap) and ``pg_indexes_size`` (its only index, the
 primary key) after the core path. Besides the ratio of total rows/s (which the targets use) the
 table shows the median over batches of the per-batch time ratio, which a load spike on a shared
@@ -64,6 +68,9 @@ from snowflake_db.sqlalchemy import snowflake_column, snowflake_default, snowfla
 
 TARGET_RATIO = 0.95  # Snowflake rows/s >= 0.95x BIGSERIAL on the same path (DESIGN.md)
 KINDS = ("bigserial", "snowflake", "snowflake_fn", "uuid4", "uuid7")
+#: Core only, a reference rather than a key kind: rows that already carry their Snowflake IDs
+#: (issued before the timer starts), i.e. what the extra bound parameter alone costs.
+GIVEN = "given_ids"
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
@@ -100,6 +107,10 @@ CORE_TABLES: dict[str, Table] = {
     "snowflake_fn": Table(
         "orders_snowflake_fn", core,
         Column("id", BigInteger, primary_key=True, default=snowflake_default, autoincrement=False),
+        *_order_columns(),
+    ),
+    GIVEN: Table(
+        "orders_given_ids", core, Column("id", BigInteger, primary_key=True, autoincrement=False),
         *_order_columns(),
     ),
     "uuid4": Table(
@@ -230,10 +241,18 @@ def insert_copy(engine: Engine, kind: str, batch: list[dict[str, Any]]) -> None:
 
 
 PATHS: dict[str, tuple[Callable[[Engine, str, list[dict[str, Any]]], None], tuple[str, ...]]] = {
-    "core": (insert_core, KINDS),
+    "core": (insert_core, (*KINDS, GIVEN)),
     "orm": (insert_orm, KINDS),
     "copy": (insert_copy, ("bigserial", "snowflake")),
 }
+
+
+def rows_for(kind: str, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows as inserted: with their IDs already in place for the given-IDs reference."""
+    if kind != GIVEN:
+        return batch
+    ids = snowflake_db.get_generator().next_ids(len(batch))
+    return [{**row, "id": i} for row, i in zip(batch, ids, strict=True)]
 
 
 def run_path(
@@ -243,14 +262,15 @@ def run_path(
     rng = random.Random(seed)
     tallies = {kind: Tally() for kind in kinds}
     for kind in kinds:  # warm-up batch: connections, statement caches; not timed
-        insert(engine, kind, make_batch(batch_size, rng))
+        insert(engine, kind, rows_for(kind, make_batch(batch_size, rng)))
     batches = rows // batch_size
     for index in range(batches):
         batch = make_batch(batch_size, rng)
         order = kinds[index % len(kinds):] + kinds[:index % len(kinds)]
         for kind in order:
+            rows_in = rows_for(kind, batch)
             started = time.perf_counter()
-            insert(engine, kind, batch)
+            insert(engine, kind, rows_in)
             elapsed = time.perf_counter() - started
             tally = tallies[kind]
             tally.rows += len(batch)
