@@ -157,3 +157,18 @@ def test_helpers_refuse_autoincrement_and_mark_their_columns() -> None:
     assert is_snowflake_column(tickets.c.id)
     assert tickets.c.id.autoincrement is False and tickets.c.id.primary_key
     assert not is_snowflake_column(tickets.c.n)
+
+
+def test_ids_for_issues_a_batch_from_the_bound_generator_with_the_shard() -> None:
+    layout = Layout(sequence_bits=8, shard_bits=4)
+    bind_generator(SnowflakeGenerator(21, layout=layout), table="batch_orders")
+    try:
+        ids = SnowflakeDefault(shard=5).ids_for(600, table="batch_orders")
+    finally:
+        unbind_generator(table="batch_orders")
+    assert len(ids) == 600 and ids == sorted(set(ids))
+    assert {(layout.decode(i).worker_id, layout.decode(i).shard) for i in ids} == {(21, 5)}
+    with pytest.raises(InvalidArgumentError, match="shard_for"):
+        SnowflakeDefault(shard_for=_shard_of_customer).ids_for(2)
+    with pytest.raises(InvalidArgumentError, match="shard"):
+        SnowflakeDefault(SnowflakeGenerator(1, layout=layout), shard=16).ids_for(2)  # 0..15

@@ -321,9 +321,9 @@ def snowflake_id_default(context: ExecutionContext) -> int:
 def _id_for_new_row(default: SnowflakeDefault, context: ExecutionContext) -> int:
     """The per-row default's slow path: start the statement's batch of IDs, or issue one ID.
 
-    SQLAlchemy evaluates a default once per parameter set, at the first row's turn for every
-    row of an executemany or insertmanyvalues INSERT (``context.compiled_parameters``), within
-    one call on one thread. So the first row takes all of the statement's IDs at once and
+    SQLAlchemy evaluates a column's default once for each parameter set of an executemany or
+    insertmanyvalues INSERT (``context.compiled_parameters``), all in one call on one thread,
+    before anything is sent. So the first row takes all of the statement's IDs at once and
     leaves the rest on the execution context, keyed by column (a table may have two Snowflake
     columns). Single rows, multi-VALUES inserts (which pass a copy of the column per row),
     ``shard_for`` defaults and a batch already used up get one ID each. Nothing outlives the
