@@ -190,7 +190,6 @@ def test_a_shard_from_each_row_keeps_one_id_per_row(engine: Engine) -> None:
     assert source.calls == 100
     with engine.connect() as connection:
         stored = connection.execute(select(row_shard.c.n, row_shard.c.id)).all()
-    assert sorted(SHARDED.decode(i).shard for n, i in stored) == sorted(n % 4 for n, _ in stored)
     assert all(SHARDED.decode(i).shard == n % 4 for n, i in stored)
     assert len({i for _, i in stored}) == 100
 
