@@ -10,9 +10,20 @@ extension point: ``fields``, ``apps``, ``models`` (worker tables) and ``migratio
 from __future__ import annotations
 
 from ..layout import SnowflakeId
-from .fields import SnowflakeAutoField, SnowflakeField, is_snowflake_field
+from .fields import (
+    EagerSnowflakeAutoField,
+    SnowflakeAutoField,
+    SnowflakeField,
+    is_snowflake_field,
+)
 
-__all__ = ["SnowflakeAutoField", "SnowflakeField", "decode", "is_snowflake_field"]
+__all__ = [
+    "EagerSnowflakeAutoField",
+    "SnowflakeAutoField",
+    "SnowflakeField",
+    "decode",
+    "is_snowflake_field",
+]
 
 
 def decode(snowflake_id: int) -> SnowflakeId:

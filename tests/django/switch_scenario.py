@@ -82,8 +82,9 @@ def main() -> None:
         except SystemExit as exit_:
             result["check_clean"] = exit_.code == 0
         shelf = Shelf(name="new")
-        result["new_pk_at_instantiation"] = shelf.pk
+        result["new_pk_before_save"] = shelf.pk
         shelf.save()
+        result["new_pk_after_save"] = shelf.pk
         Book.objects.create(shelf=shelf)
         result["pks"] = sorted(Shelf.objects.values_list("pk", flat=True))
         result["book_shelves"] = sorted(Book.objects.values_list("shelf_id", flat=True))

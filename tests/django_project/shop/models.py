@@ -42,3 +42,20 @@ class Invoice(models.Model):
     id = models.BigAutoField(primary_key=True)
     number = SnowflakeField()
     order = models.OneToOneField(Order, on_delete=models.CASCADE, null=True)
+
+
+class Place(models.Model):
+    """Multi-table inheritance: ``Restaurant`` rows share their key with a ``Place`` row."""
+
+    name = models.CharField(max_length=50)
+
+
+class Restaurant(Place):
+    serves_pizza = models.BooleanField(default=False)
+
+
+class Sku(models.Model):
+    """A unique code for ``bulk_create`` conflict handling."""
+
+    code = models.CharField(max_length=20, unique=True)
+    quantity = models.IntegerField(default=0)
