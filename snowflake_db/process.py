@@ -36,6 +36,9 @@ _NOT_CONFIGURED_HELP = (
     f"the environment variable {WORKER_URL_ENV} (a database URL) or {WORKER_ID_ENV} (an integer)"
 )
 
+# What NotConfiguredError says; integrations (the Django app) name their own settings instead.
+_not_configured_help = _NOT_CONFIGURED_HELP
+
 # Re-entrant: configuring from the environment runs configure() while holding it.
 _lock = threading.RLock()
 _generator: SnowflakeGenerator | None = None
@@ -139,6 +142,16 @@ def _retire(generator: SnowflakeGenerator) -> None:
         _retired_ticks[key] = (generator.clock, last_tick)
 
 
+def set_not_configured_help(text: str | None) -> None:
+    """Replace what ``NotConfiguredError`` says (None restores the default).
+
+    For integrations whose users configure through their own settings: the Django app names
+    ``SNOWFLAKE_DB`` here, which the environment-based default message cannot know about.
+    """
+    global _not_configured_help  # noqa: PLW0603
+    _not_configured_help = _NOT_CONFIGURED_HELP if text is None else text
+
+
 def _configure_from_environment(
     *, layout: Layout | None = None, clock: Clock | None = None, **generator_options: Any
 ) -> SnowflakeGenerator:
@@ -151,7 +164,7 @@ def _configure_from_environment(
             allocator=TableWorkerAllocator(url), layout=layout, clock=clock, **generator_options
         )
     if not raw_worker_id:
-        raise NotConfiguredError(_NOT_CONFIGURED_HELP)
+        raise NotConfiguredError(_not_configured_help)
     parent_pid = _forked_from_pid or _multiprocessing_parent_pid()
     if parent_pid is not None:
         raise ForkedWorkerIdError(

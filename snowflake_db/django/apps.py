@@ -21,12 +21,17 @@ class SnowflakeDbConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.core.exceptions import ImproperlyConfigured
+
         from . import checks  # noqa: F401 - registers the checks
         from .conf import get_settings
-        from .worker import configure_from_settings
+        from .worker import configure_from_settings, explain_invalid_settings
 
         try:
             conf = get_settings()
-        except Exception:
+        except ImproperlyConfigured as error:
+            # Reported by check E001; processes that run no checks (shell, gunicorn, Celery)
+            # learn it from the first ID's NotConfiguredError.
+            explain_invalid_settings(error)
             return
         configure_from_settings(conf)

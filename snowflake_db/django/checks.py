@@ -10,6 +10,10 @@
 ``snowflake_db.W001``         a static worker ID where a prefork server or Celery is in use
 ``snowflake_db.W002``         the worker tables would also be migrated on other aliases
 ``snowflake_db.W003``         ``WORKER_SOURCE = "env"`` but neither variable is set
+``snowflake_db.W004``         a project app's ``default_auto_field`` overrides a Snowflake
+                              ``DEFAULT_AUTO_FIELD`` (``manage.py startapp`` writes one)
+``snowflake_db.E012``         a ``GenericForeignKey``'s object ID column has fewer than 64 bits
+                              while models have Snowflake keys
 ``snowflake_db.E010``         a Snowflake column (or a foreign key to one) is not 64-bit in the DB
 ``snowflake_db.E011``         existing IDs decode to the future: epoch or layout changed
 ============================  =================================================================
@@ -24,19 +28,25 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import sysconfig
 import time
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
+import django
 from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
-from django.core.exceptions import ImproperlyConfigured
-from django.db import connections, router
+from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
+from django.db import DatabaseError, connections, router
+from django.utils.module_loading import import_string
 
+from ..errors import SnowflakeError
 from ..process import WORKER_ID_ENV, WORKER_URL_ENV
 from .conf import SnowflakeSettings, get_settings
-from .fields import is_snowflake_field
+from .fields import SnowflakeAutoField, is_snowflake_field
+from .worker import README_SECTION
 
 APP_LABEL = "snowflake_db"
 
@@ -48,6 +58,12 @@ _BIGINT_TYPES = {
     "sqlite": {"integer", "bigint", "int", "int8"},
 }
 
+#: Django field types whose column has fewer than 64 bits on PostgreSQL and MySQL/MariaDB.
+_NARROW_INTEGER_TYPES = frozenset(
+    {"IntegerField", "PositiveIntegerField", "SmallIntegerField", "PositiveSmallIntegerField",
+     "AutoField", "SmallAutoField"}
+)
+
 #: Allow this much clock skew before calling a stored ID "from the future".
 FUTURE_TOLERANCE_MS = 5 * 60 * 1000
 
@@ -57,8 +73,7 @@ def _settings() -> tuple[SnowflakeSettings | None, list[CheckMessage]]:
         return get_settings(), []
     except ImproperlyConfigured as error:
         return None, [
-            Error(str(error), hint="See the SNOWFLAKE_DB section of the README.",
-                  id="snowflake_db.E001")
+            Error(str(error), hint=f"See {README_SECTION}.", id="snowflake_db.E001")
         ]
 
 
@@ -111,6 +126,107 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
         )
     if conf.worker_source == "table":
         errors.extend(_check_table_source(conf))
+    return errors
+
+
+def _is_snowflake_auto_field(path: object) -> bool:
+    try:
+        field_class = import_string(str(path))
+    except ImportError:
+        return False  # Django reports an unimportable DEFAULT_AUTO_FIELD itself
+    return isinstance(field_class, type) and issubclass(field_class, SnowflakeAutoField)
+
+
+def _installed_elsewhere(path: str) -> bool:
+    """True for Django itself and for apps installed as packages (not the project's own)."""
+    roots = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")}
+    roots.add(Path(django.__file__).resolve().parent)
+    resolved = Path(path).resolve()
+    return any(resolved.is_relative_to(root) for root in roots)
+
+
+@register(Tags.models)
+def check_app_auto_fields(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W004: a project app whose ``default_auto_field`` quietly overrides Snowflake keys."""
+    if not _is_snowflake_auto_field(settings.DEFAULT_AUTO_FIELD):
+        return []
+    warnings: list[CheckMessage] = []
+    for app_config in app_configs or apps.get_app_configs():
+        if (
+            not app_config._is_default_auto_field_overridden
+            or _is_snowflake_auto_field(app_config.default_auto_field)
+            or app_config.label == APP_LABEL
+            or _installed_elsewhere(app_config.path)
+        ):
+            continue
+        affected = [
+            model._meta.object_name
+            for model in app_config.get_models()
+            if model._meta.pk is not None
+            and model._meta.pk.auto_created
+            and not is_snowflake_field(model._meta.pk)
+        ]
+        if not affected:
+            continue
+        config_class = type(app_config)
+        warnings.append(
+            Warning(
+                f"app {app_config.label!r} sets default_auto_field = "
+                f"{app_config.default_auto_field!r} in {config_class.__module__}."
+                f"{config_class.__qualname__}, which overrides DEFAULT_AUTO_FIELD "
+                f"({settings.DEFAULT_AUTO_FIELD}): {', '.join(affected)} get database "
+                "sequence keys, not Snowflake IDs",
+                hint=f"Delete the default_auto_field line from {config_class.__module__} "
+                "(manage.py startapp writes it), then run makemigrations.",
+                obj=app_config,
+                id="snowflake_db.W004",
+            )
+        )
+    return warnings
+
+
+@register(Tags.models)
+def check_generic_foreign_keys(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """E012: a GenericForeignKey that would store a Snowflake key in a 32-bit column."""
+    all_models = apps.get_models()
+    snowflake_models = [model._meta.label for model in all_models
+                        if is_snowflake_field(model._meta.pk)]
+    if not snowflake_models:
+        return []
+    checked = {config.label for config in app_configs} if app_configs else None
+    errors: list[CheckMessage] = []
+    for model in all_models:
+        if checked is not None and model._meta.app_label not in checked:
+            continue
+        for field in model._meta.private_fields:
+            fk_name = getattr(field, "fk_field", None)
+            if fk_name is None or not hasattr(field, "ct_field"):
+                continue  # not a GenericForeignKey
+            try:
+                object_id = model._meta.get_field(fk_name)
+            except FieldDoesNotExist:
+                continue  # contenttypes' own check reports the missing field
+            kind = object_id.get_internal_type()
+            if kind not in _NARROW_INTEGER_TYPES:
+                continue
+            errors.append(
+                Error(
+                    f"{model._meta.label}.{field.name} stores object IDs in "
+                    f"{model._meta.label}.{object_id.name}, a {kind} (32 bits or fewer), but "
+                    f"models with Snowflake keys ({', '.join(snowflake_models[:3])}"
+                    f"{', ...' if len(snowflake_models) > 3 else ''}) need 64 bits: pointing it "
+                    "at one fails with 'integer out of range' (or is truncated on MySQL "
+                    "without strict mode)",
+                    hint=f"Make {object_id.name} a PositiveBigIntegerField (or BigIntegerField, "
+                    "or a CharField) and run makemigrations.",
+                    obj=model,
+                    id="snowflake_db.E012",
+                )
+            )
     return errors
 
 
@@ -277,8 +393,8 @@ def _check_epoch(
         # MAX of the primary key is one index lookup.
         cursor.execute(f"SELECT MAX({quote(pk.column)}) FROM {quote(model._meta.db_table)}")
         row = cursor.fetchone()
-    except Exception:
-        return []
+    except DatabaseError:
+        return []  # an unreadable table is not this check's business
     newest = row[0] if row else None
     if newest is None:
         return []
@@ -286,7 +402,7 @@ def _check_epoch(
     now_ms = time.time_ns() // 1_000_000
     try:
         decoded = layout.decode(int(newest))
-    except Exception:
+    except (SnowflakeError, ValueError, TypeError):
         return [_epoch_error(model, connection.alias, int(newest), "does not fit the layout")]
     if decoded.timestamp_ms > now_ms + FUTURE_TOLERANCE_MS:
         return [

@@ -20,7 +20,7 @@ from django.db import connections
 
 from ..generator import SnowflakeGenerator
 from ..lease import WorkerLease
-from ..process import configure
+from ..process import WORKER_ID_ENV, WORKER_URL_ENV, configure, set_not_configured_help
 from .conf import SnowflakeSettings, get_settings
 
 if TYPE_CHECKING:
@@ -32,8 +32,13 @@ if TYPE_CHECKING:
 __all__ = [
     "DjangoTableWorkerAllocator",
     "configure_from_settings",
+    "explain_invalid_settings",
     "sqlalchemy_url",
 ]
+
+#: Where the README explains the setting (named in NotConfiguredError and check hints).
+README_SECTION = 'the README, section "Django: the SNOWFLAKE_DB setting"'
+_NOT_CONFIGURED = "snowflake_db is not configured in this Django process: "
 
 # Django OPTIONS keys that are Django's own, not driver connect arguments.
 _DJANGO_ONLY_OPTIONS = {
@@ -158,13 +163,30 @@ def configure_from_settings(conf: SnowflakeSettings | None = None) -> SnowflakeG
     conf = conf or get_settings()
     options = dict(conf.generator_options)
     if conf.worker_source == "manual":
+        set_not_configured_help(
+            f"{_NOT_CONFIGURED}settings.SNOWFLAKE_DB has WORKER_SOURCE 'manual', so call "
+            "snowflake_db.configure(...) in every process (in each child after a fork) before "
+            f"the first ID, or choose WORKER_SOURCE 'table'; see {README_SECTION}"
+        )
         return None
     if conf.worker_source == "static":
         return configure(worker_id=conf.worker_id, layout=conf.layout, **options)
     if conf.worker_source == "table":
         return configure(allocator=DjangoTableWorkerAllocator(), layout=conf.layout, **options)
-    from ..process import WORKER_ID_ENV, WORKER_URL_ENV
-
     if os.environ.get(WORKER_URL_ENV, "").strip() or os.environ.get(WORKER_ID_ENV, "").strip():
         return configure(layout=conf.layout, **options)
+    set_not_configured_help(
+        f"{_NOT_CONFIGURED}settings.SNOWFLAKE_DB has WORKER_SOURCE 'env' (the default) but "
+        f"neither {WORKER_URL_ENV} nor {WORKER_ID_ENV} is set: set one, or set SNOWFLAKE_DB = "
+        '{"WORKER_SOURCE": "table"} so each process leases a worker ID from the database; '
+        f"see {README_SECTION}"
+    )
     return None
+
+
+def explain_invalid_settings(error: Exception) -> None:
+    """Make the first ID's ``NotConfiguredError`` say that ``SNOWFLAKE_DB`` is invalid."""
+    set_not_configured_help(
+        f"{_NOT_CONFIGURED}{error} (manage.py check reports it as snowflake_db.E001); "
+        f"see {README_SECTION}"
+    )

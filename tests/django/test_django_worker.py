@@ -119,6 +119,47 @@ def test_app_ready_configures_from_settings_in_a_fresh_process() -> None:
     assert result.stdout.split() == ["7", "6"]
 
 
+@pytest.mark.parametrize(
+    ("setting", "fragments"),
+    [
+        ({"WORKER_SOUCRE": "table"}, ["settings.SNOWFLAKE_DB: unknown key(s) WORKER_SOUCRE",
+                                      "snowflake_db.E001"]),
+        ({}, ["WORKER_SOURCE 'env' (the default)", "SNOWFLAKE_WORKER_URL",
+              '"WORKER_SOURCE": "table"']),
+        ({"WORKER_SOURCE": "manual"}, ["WORKER_SOURCE 'manual'", "snowflake_db.configure("]),
+    ],
+)
+def test_not_configured_error_names_the_setting_where_no_check_runs(
+    setting: dict[str, str], fragments: list[str]
+) -> None:
+    """As under `manage.py shell`, gunicorn or Celery: django.setup() runs no system checks."""
+    code = (
+        "import django, snowflake_db\n"
+        "django.setup()\n"
+        "try:\n"
+        "    snowflake_db.snowflake_default()\n"
+        "except snowflake_db.NotConfiguredError as error:\n"
+        "    print(error)\n"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.django_project.settings",
+        "SNOWFLAKE_DJANGO_TEST_SETTING": json.dumps(setting),
+    }
+    env.pop("SNOWFLAKE_WORKER_ID", None)
+    env.pop("SNOWFLAKE_WORKER_URL", None)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    message = result.stdout
+    assert "settings.SNOWFLAKE_DB" in message
+    assert 'the README, section "Django: the SNOWFLAKE_DB setting"' in message
+    for fragment in fragments:
+        assert fragment in message
+
+
 # -- checks ---------------------------------------------------------------------------------
 
 

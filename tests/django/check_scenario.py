@@ -1,0 +1,36 @@
+"""Run Django's system checks for a throwaway project (a subprocess of test_django_checks.py).
+
+Usage: ``python -m tests.django.check_scenario PROJECT_DIR DEFAULT_AUTO_FIELD``. PROJECT_DIR
+holds the app package ``demo`` that the test wrote; prints the messages as one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import django
+from django.conf import settings
+
+
+def main(project_dir: str, default_auto_field: str) -> None:
+    sys.path.insert(0, project_dir)
+    settings.configure(
+        INSTALLED_APPS=["django.contrib.contenttypes", "snowflake_db.django", "demo"],
+        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+        DEFAULT_AUTO_FIELD=default_auto_field,
+        SNOWFLAKE_DB={"WORKER_SOURCE": "manual"},
+    )
+    django.setup()
+    from django.core.checks import run_checks
+
+    messages = [
+        {"id": message.id, "msg": message.msg, "hint": message.hint}
+        for message in run_checks()
+        if message.id and message.id.startswith("snowflake_db.")
+    ]
+    print(json.dumps(messages))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
