@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
+from django.db.backends.base.base import NO_DB_ALIAS
+from django.db.backends.signals import connection_created
+from django.dispatch import receiver
 
 from ..generator import SnowflakeGenerator
 from ..lease import WorkerLease
@@ -103,6 +107,10 @@ def sqlalchemy_url(alias: str) -> URL:
     )
 
 
+#: Allocators that have built their table allocator (and so may hold database connections).
+_open_allocators: weakref.WeakSet[DjangoTableWorkerAllocator] = weakref.WeakSet()
+
+
 class DjangoTableWorkerAllocator:
     """A :class:`~snowflake_db.lease.WorkerAllocator` that builds its table allocator lazily.
 
@@ -133,6 +141,7 @@ class DjangoTableWorkerAllocator:
                 options.setdefault("create_tables", False)
                 url = conf.engine_url or sqlalchemy_url(self.alias or conf.control_database)
                 self._allocator = TableWorkerAllocator(url, **options)
+                _open_allocators.add(self)
             return self._allocator
 
     def acquire(self, *, layout: Layout, clock: Clock) -> WorkerLease:
@@ -140,15 +149,35 @@ class DjangoTableWorkerAllocator:
         return lease
 
     def close(self) -> None:
-        """Release this process's leases and close the allocator's connections."""
+        """Release this process's leases and close the allocator's connections.
+
+        The generator notices the released lease at its next tick and leases again through
+        this object, which then builds a new table allocator from the current settings.
+        """
         with self._lock:
             allocator, self._allocator = self._allocator, None
+        _open_allocators.discard(self)
         if allocator is not None:
             allocator.close()
 
     def __repr__(self) -> str:
         alias = self.alias or get_settings().control_database
         return f"<DjangoTableWorkerAllocator alias={alias!r}>"
+
+
+@receiver(connection_created)
+def _release_before_test_databases_change(*, connection: Any, **kwargs: Any) -> None:
+    """Close table allocators before Django creates, clones or drops a test database.
+
+    Django connects without a database (alias ``NO_DB_ALIAS``) only for that
+    (django.db.backends.base.base.BaseDatabaseWrapper._nodb_cursor). PostgreSQL refuses to drop
+    or copy a database another session is connected to, and MySQL's DROP DATABASE waits for
+    open transactions: the allocator's own connections and heartbeat must be gone first.
+    """
+    if connection.alias != NO_DB_ALIAS:
+        return
+    for allocator in list(_open_allocators):
+        allocator.close()
 
 
 def configure_from_settings(conf: SnowflakeSettings | None = None) -> SnowflakeGenerator | None:
