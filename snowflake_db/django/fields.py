@@ -42,6 +42,27 @@ _BULK_KEY = "snowflake_bulk_key"
 _OBJECTS_SEEN = "snowflake_objects_seen"
 
 
+def _check_conflicts(compiler: Any) -> None:
+    """Once per INSERT: leave objects with ``pk`` None where Django cannot tell what was written.
+
+    With ``bulk_create(ignore_conflicts=True)`` or ``update_conflicts=True`` any row may have been
+    skipped or may have kept its old key, so objects whose key bulk_create gave them get ``pk``
+    None back, as an ``AutoField``'s are: never a key that may not exist. Called from the
+    placeholder hooks, the one place where a field sees its INSERT (compiler.query.on_conflict);
+    the objects' values are already taken, so the keys are still written.
+    """
+    if getattr(compiler, _OBJECTS_SEEN, False):
+        return
+    setattr(compiler, _OBJECTS_SEEN, True)
+    query = compiler.query  # an UPDATE that sets the key has no objs
+    conflicts = getattr(query, "on_conflict", None) is not None
+    for obj in getattr(query, "objs", ()):
+        # The mark is consumed by the first INSERT that writes the key.
+        given = obj._state.__dict__.pop(_BULK_KEY, None)
+        if conflicts and given is not None and given == obj.pk:
+            obj.pk = None
+
+
 def _drop_injected_default(kwargs: dict[str, Any]) -> None:
     # Migrations must not freeze a function path: the field injects the default itself.
     if kwargs.get("default") is snowflake_default:
@@ -134,22 +155,19 @@ class SnowflakeAutoField(models.BigAutoField):
         return key
 
     def get_placeholder(self, value: Any, compiler: Any, connection: BaseDatabaseWrapper) -> str:
-        """Django's insert compiler asks this for every key it writes; used to see conflicts.
-
-        With ``bulk_create(ignore_conflicts=True)`` or ``update_conflicts=True`` Django cannot
-        tell which of the rows were written, so objects whose key bulk_create gave them are left
-        with ``pk`` None, as an ``AutoField``'s are: never a key that may not exist.
-        """
-        if not getattr(compiler, _OBJECTS_SEEN, False):
-            setattr(compiler, _OBJECTS_SEEN, True)
-            query = compiler.query  # an UPDATE that sets the key has no objs
-            conflicts = getattr(query, "on_conflict", None) is not None
-            for obj in getattr(query, "objs", ()):
-                # The mark is consumed by the first INSERT that writes the key.
-                given = obj._state.__dict__.pop(_BULK_KEY, None)
-                if conflicts and given is not None and given == obj.pk:
-                    obj.pk = None
+        """Django 5.2's insert compiler asks this for every key it writes (see _check_conflicts)."""
+        _check_conflicts(compiler)
         return "%s"
+
+    def get_placeholder_sql(
+        self, value: Any, compiler: Any, connection: BaseDatabaseWrapper
+    ) -> tuple[str, Any]:
+        """Django 6.1's name for get_placeholder, returning the parameters too."""
+        _check_conflicts(compiler)
+        if hasattr(value, "as_sql"):
+            sql, params = compiler.compile(value)
+            return sql, params
+        return "%s", (value,)
 
     def pre_save(self, model_instance: Any, add: bool) -> Any:
         value = getattr(model_instance, self.attname)
