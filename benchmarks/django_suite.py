@@ -71,8 +71,15 @@ EXPECTED: dict[str, str] = {
         f"bulk_create.tests.BulkCreateTests.test_update_conflicts_{name}": _UPSERT
         for name in ("two_fields_unique_fields_first", "two_fields_unique_fields_second",
                      "unique_fields", "unique_fields_update_fields_db_column",
-                     "unique_two_fields_unique_fields_both")
+                     "unique_two_fields_unique_fields_both",
+                     # MySQL/MariaDB upsert without a conflict target
+                     "no_unique_fields", "two_fields_no_unique_fields",
+                     "unique_two_fields_unique_no_unique_fields")
     },
+    # Not a difference: a timing test that also fails under BigAutoField on a loaded machine.
+    "serializers.test_deserialization.TestDeserializer.test_crafted_xml_performance": (
+        "timing-sensitive (fails under BigAutoField too when the machine is busy)"
+    ),
 }
 
 #: A failure whose error is one of these stored a 64-bit key in a column of 32 bits or fewer
