@@ -8,7 +8,7 @@ each carries a different shard.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 
 from ._validate import require_int
@@ -82,7 +82,7 @@ class Layout:
     tick_ms: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("time_bits", "worker_bits", "sequence_bits", "shard_bits", "datacenter_bits"):
+        for name in _BIT_FIELDS:
             require_int(name, getattr(self, name), minimum=0, error=InvalidLayoutError)
         require_int("time_bits", self.time_bits, minimum=1, error=InvalidLayoutError)
         total = self.time_bits + self.worker_bits + self.sequence_bits + self.shard_bits
@@ -114,6 +114,14 @@ class Layout:
                 "9999-12-31, the last date a datetime can hold, so its IDs could not be "
                 "decoded; use fewer time bits or a shorter tick"
             )
+
+    def as_kwargs(self) -> dict[str, int]:
+        """The keyword arguments that rebuild this layout: ``Layout(**layout.as_kwargs())``.
+
+        The one list of a layout's fields: settings, migrations and the CLI derive from it, so
+        a field added here (as ``datacenter_bits`` was) cannot be dropped by a copy elsewhere.
+        """
+        return {name: getattr(self, name) for name in LAYOUT_FIELDS}
 
     # -- sizes -------------------------------------------------------------------------------
 
@@ -284,14 +292,8 @@ class Layout:
     def describe(self) -> dict[str, object]:
         """The layout's fields and derived limits, for display (CLI ``layout``)."""
         return {
-            "time_bits": self.time_bits,
-            "worker_bits": self.worker_bits,
-            "datacenter_bits": self.datacenter_bits,
-            "sequence_bits": self.sequence_bits,
-            "shard_bits": self.shard_bits,
-            "tick_ms": self.tick_ms,
+            **self.as_kwargs(),
             "epoch": self.epoch.isoformat(),
-            "epoch_ms": self.epoch_ms,
             "max_worker_id": self.max_worker_id,
             "max_shard": self.max_shard,
             "ids_per_tick": self.ids_per_tick,
@@ -300,5 +302,9 @@ class Layout:
             "exhausted_at": self.exhausted_at.isoformat(),
         }
 
+
+#: The constructor's keyword arguments, in declaration order (see :meth:`Layout.as_kwargs`).
+LAYOUT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Layout) if f.init)
+_BIT_FIELDS = tuple(name for name in LAYOUT_FIELDS if name.endswith("_bits"))
 
 DEFAULT_LAYOUT = Layout()

@@ -95,6 +95,12 @@ def test_default_layout_exhaustion_date() -> None:
         layout.encode(timestamp_ms=layout.max_timestamp_ms + 1, worker_id=0, sequence=0)
 
 
+@given(layouts())
+def test_as_kwargs_rebuilds_the_layout(layout: Layout) -> None:
+    # Every field, datacenter_bits and tick_ms included: copies that list fields by hand drop some.
+    assert Layout(**layout.as_kwargs()) == layout
+
+
 def test_describe_shows_the_limits() -> None:
     description = DEFAULT_LAYOUT.describe()
     assert description["exhausted_at"] == "2089-09-06T15:47:35.552000+00:00"

@@ -167,3 +167,23 @@ def test_settings_reject_unknown_url_schemes(url: str) -> None:
 
     with pytest.raises(ValueError, match="unsupported database URL scheme"):
         database_from_url(url)
+
+
+def test_partition_operations_keep_every_layout_field() -> None:
+    from snowflake_db import Layout
+    from snowflake_db.sharding.django import (
+        AddTimePartitions,
+        CreateShardPartitionedTable,
+        CreateTimePartitionedTable,
+    )
+
+    layout = Layout(sequence_bits=8, shard_bits=4, datacenter_bits=3, tick_ms=2)
+    ops = [
+        CreateShardPartitionedTable("by_shard", "id bigint NOT NULL", layout),
+        CreateTimePartitionedTable("by_time", "id bigint PRIMARY KEY", layout, start="2026-01-01"),
+        AddTimePartitions("by_time", layout),
+    ]
+    for op in ops:
+        _, args, _ = op.deconstruct()
+        frozen = next(arg for arg in args if isinstance(arg, dict))
+        assert Layout(**frozen) == layout, type(op).__name__

@@ -105,11 +105,7 @@ def parse(raw: object) -> SnowflakeSettings:
     layout_value = raw.get("LAYOUT")
     layout_kwargs: dict[str, Any]
     if isinstance(layout_value, Layout):
-        layout_kwargs = {
-            name: getattr(layout_value, name)
-            for name in ("time_bits", "worker_bits", "sequence_bits", "shard_bits",
-                         "datacenter_bits", "epoch_ms", "tick_ms")
-        }
+        layout_kwargs = layout_value.as_kwargs()
     elif layout_value is None or isinstance(layout_value, dict):
         layout_kwargs = dict(layout_value or {})
     else:

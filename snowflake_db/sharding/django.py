@@ -335,10 +335,7 @@ def _layout(layout: dict[str, Any] | Layout) -> Layout:
 
 
 def _layout_kwargs(layout: dict[str, Any] | Layout) -> dict[str, Any]:
-    if isinstance(layout, dict):
-        return dict(layout)
-    return {name: getattr(layout, name) for name in (
-        "time_bits", "worker_bits", "sequence_bits", "shard_bits", "epoch_ms", "tick_ms")}
+    return dict(layout) if isinstance(layout, dict) else layout.as_kwargs()
 
 
 class _PartitionOperation(Operation):
