@@ -36,7 +36,7 @@ def _on_mapper_configured(mapper: Mapper[Any], class_: type) -> None:
         return
     column = mapper.primary_key[0]
     default = snowflake_default_of(column)
-    if default is None or default._shard_for is not None:
+    if default is None or default.shard_for is not None:
         return
     key = mapper.get_property_by_column(column).key
     table = column.table
