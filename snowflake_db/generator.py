@@ -108,7 +108,6 @@ class SnowflakeGenerator:
         self._static_worker_id = worker_id
         self._allocator = allocator
         self._lease: WorkerLease | None = None
-        self._worker_id = worker_id
         self._pid = os.getpid()
         self._closed = False
         self._lock = threading.Lock()
@@ -138,7 +137,7 @@ class SnowflakeGenerator:
     def next_id_in_shard(self, shard: int) -> int:
         """Return the next ID carrying ``shard`` in the layout's shard bits."""
         if isinstance(shard, bool) or not isinstance(shard, int) or not (
-            0 <= shard <= self._max_shard
+            0 <= shard <= self._max_shard  # per ID: a plain attribute, not the property
         ):
             self.layout.check_shard(shard)
         return self.next_id() | shard
@@ -146,7 +145,25 @@ class SnowflakeGenerator:
     @property
     def worker_id(self) -> int | None:
         """The worker ID in use; ``None`` while a leased generator has no lease yet."""
-        return self._worker_id
+        lease = self._lease
+        return lease.worker_id if lease is not None else self._static_worker_id
+
+    @property
+    def last_tick(self) -> int:
+        """The tick (since the layout's epoch) of the newest IDs issued; -1 before the first."""
+        return self._last_tick
+
+    def resume_after(self, tick: int) -> None:
+        """Issue IDs only from ticks after ``tick`` from now on.
+
+        For handing a worker ID over: a generator that takes over the worker ID of one that
+        issued up to ``tick`` (``configure`` replacing the process generator) must start above it.
+        """
+        require_int("tick", tick, minimum=-1)
+        with self._lock:
+            if tick > self._last_tick:
+                self._last_tick = tick
+                self._retire_window()
 
     @property
     def lease(self) -> WorkerLease | None:
@@ -156,8 +173,9 @@ class SnowflakeGenerator:
         """Acquire the lease now instead of on the first ID (to fail fast at start-up)."""
         with self._lock:
             self._check_usable()
-            assert self._worker_id is not None
-            return self._worker_id
+            worker_id = self.worker_id
+            assert worker_id is not None
+            return worker_id
 
     def close(self) -> None:
         """Stop issuing IDs and release the lease (if any) so the slot can be reused."""
@@ -178,12 +196,16 @@ class SnowflakeGenerator:
 
     def __repr__(self) -> str:
         source = "static" if self._allocator is None else "leased"
-        return f"<SnowflakeGenerator worker_id={self._worker_id} ({source}) layout={self.layout!r}>"
+        return f"<SnowflakeGenerator worker_id={self.worker_id} ({source}) layout={self.layout!r}>"
 
     # -- clock and window arithmetic ------------------------------------------------------------
 
     def _setup_raw_clock(self) -> None:
-        """Express ticks in the raw clock's units so the hot path compares plain ints."""
+        """Express ticks in the raw clock's units so the hot path compares plain ints.
+
+        The layout's other numbers are read from ``self.layout`` where needed: only the slow
+        path needs them, at most once per tick.
+        """
         layout = self.layout
         if isinstance(self.clock, MonotonicClock):
             self._raw_clock: Callable[[], int] = time.monotonic_ns
@@ -196,12 +218,6 @@ class SnowflakeGenerator:
         # unix_ms = (raw + raw_offset) // raw_per_ms ; tick = (raw - raw_epoch) // raw_tick
         self._raw_epoch = layout.epoch_ms * self._raw_per_ms - self._raw_offset
         self._raw_tick = layout.tick_ms * self._raw_per_ms
-        self._tick_ms = layout.tick_ms
-        self._max_tick = layout.max_tick
-        self._time_shift = layout.time_shift
-        self._worker_shift = layout.worker_shift
-        self._sequence_shift = layout.sequence_shift
-        self._max_sequence = layout.max_sequence
         self._max_shard = layout.max_shard
 
     def _read_raw(self) -> int:
@@ -225,7 +241,7 @@ class SnowflakeGenerator:
         return tick
 
     def _tick_of_ms(self, timestamp_ms: int) -> int:
-        return (timestamp_ms - self.layout.epoch_ms) // self._tick_ms
+        return (timestamp_ms - self.layout.epoch_ms) // self.layout.tick_ms
 
     def _retire_window(self) -> None:
         """Make the hot path fall through to the slow path (no current window)."""
@@ -235,27 +251,29 @@ class SnowflakeGenerator:
 
     def _open_window(self, tick: int) -> Iterator[int]:
         """Install the window of ``tick`` (which is above the last tick) and return its iterator."""
-        if tick > self._max_tick:
+        layout = self.layout
+        if tick > layout.max_tick:
             raise TimeExhaustedError(
-                f"tick {tick} exceeds the layout's {self.layout.time_bits} time bits "
-                f"(max tick {self._max_tick}); they ran out at "
-                f"{self.layout.exhausted_at.isoformat()}"
+                f"tick {tick} exceeds the layout's {layout.time_bits} time bits "
+                f"(max tick {layout.max_tick}); they ran out at {layout.exhausted_at.isoformat()}"
             )
+        worker_id = self.worker_id
+        assert worker_id is not None  # _check_usable took a lease
         lease = self._lease
         if lease is not None:
             ceiling = self._tick_of_ms(lease.high_water_ms)
             if tick > ceiling:
                 raise WorkerLeaseError(
-                    f"worker {self._worker_id}: the clock reached tick {tick}, past the reserved "
+                    f"worker {worker_id}: the clock reached tick {tick}, past the reserved "
                     f"high-water mark {lease.high_water_ms} ms (tick {ceiling}); no ID is issued "
                     f"until the lease is renewed ({lease.describe_problem()})"
                 )
         first_sequence = 0
-        if self.randomize_sequence_start and self._max_sequence > 0:
-            first_sequence = random.getrandbits(self.layout.sequence_bits - 1)
-        base = tick << self._time_shift | self._worker_id << self._worker_shift  # type: ignore[operator]
-        step = 1 << self._sequence_shift
-        end = base + (self._max_sequence + 1) * step
+        if self.randomize_sequence_start and layout.max_sequence > 0:
+            first_sequence = random.getrandbits(layout.sequence_bits - 1)
+        base = tick << layout.time_shift | worker_id << layout.worker_shift
+        step = 1 << layout.sequence_shift
+        end = base + layout.ids_per_tick * step
         iterator = iter(range(base + first_sequence * step, end, step))
         start = self._raw_epoch + tick * self._raw_tick
         self._iter = iterator
@@ -356,7 +374,7 @@ class SnowflakeGenerator:
             return
         if time.monotonic() >= lease.valid_until:
             raise LeaseExpiredError(
-                f"worker {self._worker_id}: the lease passed its local deadline without renewal, "
+                f"worker {self.worker_id}: the lease passed its local deadline without renewal, "
                 f"so no ID is issued until it is renewed or replaced ({lease.describe_problem()})"
             )
 
@@ -373,9 +391,8 @@ class SnowflakeGenerator:
         self._pid = os.getpid()
 
     def _take_lease(self, lease: WorkerLease) -> None:
-        worker_id = self.layout.check_worker_id(lease.worker_id)
+        self.layout.check_worker_id(lease.worker_id)
         self._lease = lease
-        self._worker_id = worker_id
         self._retire_window()
         if lease.floor_ms is not None:
             # IDs must come from ticks above the previous holder's high-water mark.
@@ -383,7 +400,6 @@ class SnowflakeGenerator:
 
     def _drop_lease(self, *, release: bool, abandon: bool = False) -> None:
         lease, self._lease = self._lease, None
-        self._worker_id = None
         self._retire_window()
         if lease is None:
             return
