@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ._validate import require_int
@@ -28,6 +29,9 @@ from .lease import WorkerAllocator
 WORKER_ID_ENV = "SNOWFLAKE_WORKER_ID"
 #: Environment variable holding a database URL for a :class:`TableWorkerAllocator`.
 WORKER_URL_ENV = "SNOWFLAKE_WORKER_URL"
+#: Entry-point group of allocator factories (a callable taking the URL); ``table`` serves
+#: ``SNOWFLAKE_WORKER_URL``.
+ALLOCATOR_ENTRY_POINTS = "snowflake_db.allocators"
 
 _NOT_CONFIGURED_HELP = (
     "snowflake_db is not configured: call snowflake_db.configure(worker_id=N) with a worker ID "
@@ -110,6 +114,24 @@ def reset() -> None:
             _retire(previous)
 
 
+@contextmanager
+def overridden(generator: SnowflakeGenerator) -> Iterator[SnowflakeGenerator]:
+    """Make ``generator`` the process-wide one for the block, then put the previous one back.
+
+    Neither is closed (the caller owns ``generator``): for tests, see
+    :func:`snowflake_db.testing.deterministic_ids`.
+    """
+    global _generator, _next_id
+    with _lock:
+        saved = (_generator, _next_id)
+        _generator, _next_id = generator, generator.next_id
+    try:
+        yield generator
+    finally:
+        with _lock:
+            _generator, _next_id = saved
+
+
 def _install(generator: SnowflakeGenerator) -> None:
     """Replace the process-wide generator without ever letting two issue from the same ticks.
 
@@ -124,8 +146,7 @@ def _install(generator: SnowflakeGenerator) -> None:
         if generator.worker_id is not None:
             retired = _retired_ticks.get((generator.layout, generator.worker_id))
             if retired is not None and retired[0] is generator.clock:
-                with generator._lock:
-                    generator._last_tick = max(generator._last_tick, retired[1])
+                generator.resume_after(retired[1])
         _generator = generator
         _next_id = generator.next_id
 
@@ -136,7 +157,7 @@ def _retire(generator: SnowflakeGenerator) -> None:
     if worker_id is not None:
         key = (generator.layout, worker_id)
         previous = _retired_ticks.get(key)
-        last_tick = generator._last_tick
+        last_tick = generator.last_tick
         if previous is not None and previous[0] is generator.clock:
             last_tick = max(last_tick, previous[1])
         _retired_ticks[key] = (generator.clock, last_tick)
@@ -158,10 +179,8 @@ def _configure_from_environment(
     url = os.environ.get(WORKER_URL_ENV, "").strip()
     raw_worker_id = os.environ.get(WORKER_ID_ENV, "").strip()
     if url:
-        from .worker import TableWorkerAllocator
-
         return configure(
-            allocator=TableWorkerAllocator(url), layout=layout, clock=clock, **generator_options
+            allocator=_table_allocator(url), layout=layout, clock=clock, **generator_options
         )
     if not raw_worker_id:
         raise NotConfiguredError(_not_configured_help)
@@ -182,6 +201,27 @@ def _configure_from_environment(
         ) from None
     require_int(WORKER_ID_ENV, worker_id, minimum=0)
     return configure(worker_id=worker_id, layout=layout, clock=clock, **generator_options)
+
+
+def _table_allocator(url: str) -> WorkerAllocator:
+    """The allocator of ``SNOWFLAKE_WORKER_URL``, found through the ``table`` entry point.
+
+    The core imports only the standard library: ``snowflake_db.worker`` registers its
+    ``TableWorkerAllocator`` in the package metadata (``pyproject.toml``), so nothing here names
+    it, and another allocator can be installed under the same name.
+    """
+    from importlib.metadata import entry_points
+
+    found = entry_points(group=ALLOCATOR_ENTRY_POINTS, name="table")
+    if not found:
+        raise NotConfiguredError(
+            f"{WORKER_URL_ENV} is set, but no allocator is registered under the entry point "
+            f"group {ALLOCATOR_ENTRY_POINTS!r} (name 'table'): install the snowflake-db "
+            "distribution (pip install snowflake-db[sqlalchemy]) rather than running it from a "
+            "bare source tree, or call configure(allocator=...)"
+        )
+    factory: Callable[[str], WorkerAllocator] = next(iter(found)).load()
+    return factory(url)
 
 
 def _multiprocessing_parent_pid() -> int | None:

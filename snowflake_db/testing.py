@@ -64,14 +64,10 @@ def deterministic_ids(
         start_ms = max(DEFAULT_FAKE_START_MS, layout.epoch_ms if layout else 0)
     clock = FakeClock(start_ms)
     generator = SnowflakeGenerator(worker_id, layout=layout, clock=clock, max_wait_ms=0)
-    with process._lock:
-        saved = (process._generator, process._next_id)
-        process._generator, process._next_id = generator, generator.next_id
     try:
-        yield clock
+        with process.overridden(generator):
+            yield clock
     finally:
-        with process._lock:
-            process._generator, process._next_id = saved
         generator.close()
 
 
