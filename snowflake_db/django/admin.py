@@ -1,5 +1,3 @@
-# mypy: disable-error-code="import-untyped, misc, untyped-decorator, unused-ignore"
-# (no django-stubs/DRF stubs here: Django and DRF classes are typed as Any)
 """Admin helpers: show when an object was created, decoded from its Snowflake ID.
 
 Ordering by the ID is ordering by creation time, so the column sorts on the primary key.

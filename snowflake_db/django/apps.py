@@ -1,5 +1,3 @@
-# mypy: disable-error-code="import-untyped, misc, untyped-decorator, unused-ignore"
-# (no django-stubs/DRF stubs here: Django and DRF classes are typed as Any)
 """The Django app: ``INSTALLED_APPS = [..., "snowflake_db.django"]``."""
 
 from __future__ import annotations

@@ -1,5 +1,3 @@
-# mypy: disable-error-code="import-untyped, misc, untyped-decorator, unused-ignore"
-# (no django-stubs/DRF stubs here: Django and DRF classes are typed as Any)
 """System checks: misconfiguration surfaces at start-up (``manage.py check``, ``runserver``,
 ``migrate``), not with the first duplicate key.
 

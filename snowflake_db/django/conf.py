@@ -1,5 +1,3 @@
-# mypy: disable-error-code="import-untyped, misc, untyped-decorator, unused-ignore"
-# (no django-stubs/DRF stubs here: Django and DRF classes are typed as Any)
 """The ``SNOWFLAKE_DB`` settings dict, validated once and cached until settings change.
 
 All keys are optional::

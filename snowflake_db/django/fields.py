@@ -1,5 +1,3 @@
-# mypy: disable-error-code="import-untyped, misc, untyped-decorator, unused-ignore"
-# (no django-stubs/DRF stubs here: Django and DRF classes are typed as Any)
 """Model fields: ``SnowflakeAutoField`` (primary keys) and ``SnowflakeField`` (any other column).
 
 ``SnowflakeAutoField`` keeps ``AutoField``'s contract: an unsaved object has ``pk is None``, and

@@ -1,5 +1,3 @@
-# mypy: disable-error-code="import-untyped, misc, untyped-decorator, unused-ignore"
-# (no django-stubs/DRF stubs here: Django and DRF classes are typed as Any)
 """``SnowflakeJSONEncoder``: Django's JSON encoder, with integers JavaScript cannot hold as strings.
 
 JavaScript numbers are doubles: integers above 2**53 - 1 (every current Snowflake ID) lose

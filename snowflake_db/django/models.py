@@ -1,5 +1,3 @@
-# mypy: disable-error-code="import-untyped, misc, untyped-decorator, unused-ignore"
-# (no django-stubs/DRF stubs here: Django and DRF classes are typed as Any)
 """Django models mirroring :mod:`snowflake_db.worker.schema` exactly, so migrations own the tables.
 
 Column names, types, nullability and the ``high_water_ms`` default must match the SQLAlchemy

@@ -1,5 +1,3 @@
-# mypy: disable-error-code="import-untyped, misc, untyped-decorator, unused-ignore"
-# (no django-stubs/DRF stubs here: Django and DRF classes are typed as Any)
 """Django REST framework: Snowflake IDs as JSON strings, accepted back as strings or integers.
 
 JavaScript clients lose precision above 2**53 - 1, so IDs travel as strings. Mix

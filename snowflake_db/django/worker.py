@@ -1,5 +1,3 @@
-# mypy: disable-error-code="import-untyped, misc, untyped-decorator, unused-ignore"
-# (no django-stubs/DRF stubs here: Django and DRF classes are typed as Any)
 """Worker IDs for Django: set up the process-wide generator from ``SNOWFLAKE_DB``.
 
 With ``WORKER_SOURCE = "table"`` the worker ID is leased through
