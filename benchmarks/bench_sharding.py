@@ -41,7 +41,7 @@ def _child(job: tuple[Any, ...]) -> None:
     from example_project.sqlalchemy_shop import RULES, place_orders
     from snowflake_db import SnowflakeGenerator
     from snowflake_db.sharding import ShardRouter
-    from snowflake_db.sharding.sqlalchemy import ShardedRouting, sharded_sessionmaker
+    from snowflake_db.sqlalchemy.sharding import ShardedRouting, sharded_sessionmaker
 
     router = ShardRouter(list(urls), layout=SHOP_LAYOUT)
     engines = {name: create_engine(url) for name, url in urls.items()}
@@ -102,7 +102,7 @@ def main() -> int:
     from example_project.sqlalchemy_shop import RULES, Base, Customer, place_orders
     from snowflake_db import SnowflakeGenerator
     from snowflake_db.sharding import ShardRouter
-    from snowflake_db.sharding.sqlalchemy import ShardedRouting, sharded_sessionmaker
+    from snowflake_db.sqlalchemy.sharding import ShardedRouting, sharded_sessionmaker
 
     server = make_url(args.url)
     names = [f"sfdb_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}_{i}" for i in range(5)]

@@ -47,7 +47,7 @@ def place_orders(
     """The demo's insert path: per batch and shard, one transaction with two bulk inserts."""
     from django.db import transaction
 
-    from snowflake_db.sharding.django import alias_for_instance, ensure_pk
+    from snowflake_db.django.sharding import alias_for_instance, ensure_pk
 
     from .shop.models import Order, OrderItem
 
@@ -135,7 +135,7 @@ def run(options: Options) -> int:
     setup_django(options)
     from django.conf import settings
 
-    from snowflake_db.sharding.django import get_shard_router
+    from snowflake_db.django.sharding import get_shard_router
 
     from .shop.models import Customer
 
@@ -164,7 +164,7 @@ def verify(
     options: Options, *, aliases: list[str], placed: list[int], elapsed: float,
     find_ids: list[int],
 ) -> int:
-    from snowflake_db.sharding.django import get_shard_router
+    from snowflake_db.django.sharding import get_shard_router
 
     from .shop.models import Order
 

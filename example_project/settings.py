@@ -59,7 +59,7 @@ DATABASES = {"default": database_from_url(_control)} | {
 }
 DATABASE_ROUTERS = [
     "snowflake_db.django.routers.ControlDatabaseRouter",  # worker table: control only
-    "snowflake_db.sharding.django.ShardedDatabaseRouter",  # shop models: their shard
+    "snowflake_db.django.sharding.ShardedDatabaseRouter",  # shop models: their shard
 ]
 SNOWFLAKE_SHARD_ROUTER = "example_project.shop.sharding.router"
 SNOWFLAKE_DB = {

@@ -20,7 +20,7 @@ from sqlalchemy.ext.horizontal_shard import ShardedSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
 
 from snowflake_db.sharding import ShardRouter, ShardRule
-from snowflake_db.sharding.sqlalchemy import ShardedRouting, sharded_sessionmaker
+from snowflake_db.sqlalchemy.sharding import ShardedRouting, sharded_sessionmaker
 
 from .common import (
     BadInputError,

@@ -90,3 +90,18 @@ class LeaseExpiredError(WorkerLeaseError):
 
 class AllocatorUnavailableError(SnowflakeError):
     """The worker-ID allocator's database could not be reached; there is no fallback worker ID."""
+
+
+# -- sharding ---------------------------------------------------------------------------------
+
+
+class ShardingError(SnowflakeError):
+    """A sharding configuration or routing request that cannot be honoured."""
+
+
+class UnknownShardError(ShardingError, InvalidArgumentError):
+    """A logical shard or target the router does not know."""
+
+
+class ForeignIdError(InvalidIdError):
+    """An ID that cannot come from this router's layout (for example another epoch)."""

@@ -15,7 +15,7 @@ from example_project.common import SHOP_LAYOUT
 from example_project.sqlalchemy_shop import RULES, Base, Customer, Order, OrderItem, count_queries
 from snowflake_db import SnowflakeGenerator
 from snowflake_db.sharding import ShardingError, ShardRouter, ShardRule
-from snowflake_db.sharding.sqlalchemy import ShardedRouting, TablePerShard, sharded_sessionmaker
+from snowflake_db.sqlalchemy.sharding import ShardedRouting, TablePerShard, sharded_sessionmaker
 from snowflake_db.testing import FakeClock
 from tests.plugins.databases import ScratchDatabase
 
@@ -200,3 +200,12 @@ def test_table_per_shard_in_one_database(
     finally:
         per_shard.drop_all(engine)
         engine.dispose()
+
+
+def test_the_old_import_path_still_works() -> None:
+    from snowflake_db.sharding import sqlalchemy as old
+    from snowflake_db.sqlalchemy import sharding
+
+    assert old.ShardedRouting is sharding.ShardedRouting
+    assert old.TablePerShard is sharding.TablePerShard
+    assert old.sharded_sessionmaker is sharding.sharded_sessionmaker

@@ -10,8 +10,8 @@ from __future__ import annotations
 from django.db import models
 
 from snowflake_db.django import SnowflakeAutoField
+from snowflake_db.django.sharding import ShardedManager, ShardedModelMixin
 from snowflake_db.sharding import ShardRule
-from snowflake_db.sharding.django import ShardedManager, ShardedModelMixin
 
 
 class Customer(ShardedModelMixin, models.Model):

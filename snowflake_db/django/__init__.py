@@ -4,7 +4,8 @@
 ``DEFAULT_AUTO_FIELD = "snowflake_db.django.fields.SnowflakeAutoField"``. One module per Django
 extension point: ``fields``, ``apps``, ``models`` (worker tables) and ``migrations``, ``routers``,
 ``conf`` (the ``SNOWFLAKE_DB`` setting), ``checks``, ``management`` (``manage.py snowflake``),
-``rest_framework``, ``json`` and ``admin``.
+``rest_framework``, ``json`` and ``admin``; for sharded tables, ``sharding`` (database router,
+manager) and ``operations`` (PostgreSQL partitioning migrations).
 """
 
 from __future__ import annotations

@@ -1,19 +1,20 @@
 """Sharded order tables: route IDs and shard keys to shards, co-locate, query time ranges.
 
-The router (:mod:`snowflake_db.sharding.routing`) imports only the standard library and the
-snowflake_db core. Framework glue lives in ``snowflake_db.sharding.sqlalchemy`` (horizontal
-sharding choosers, table-per-shard helper), ``snowflake_db.sharding.django`` (database router,
-manager) and ``snowflake_db.sharding.partitioning`` (PostgreSQL native partitioning DDL).
+This package imports no framework: the router (:mod:`snowflake_db.sharding.routing`) and the
+PostgreSQL partitioning DDL (:mod:`snowflake_db.sharding.partitioning`) need only the standard
+library and the snowflake_db core. Framework glue lives with its framework:
+:mod:`snowflake_db.sqlalchemy.sharding` (horizontal sharding choosers, table-per-shard helper),
+:mod:`snowflake_db.django.sharding` (database router, manager) and
+:mod:`snowflake_db.django.operations` (partitioning migrations). The old paths
+``snowflake_db.sharding.sqlalchemy`` and ``snowflake_db.sharding.django`` re-export them.
 """
 
+from ..errors import ForeignIdError, ShardingError, UnknownShardError
 from .routing import (
     DEFAULT_FUTURE_SLACK_MS,
-    ForeignIdError,
-    ShardingError,
     ShardKey,
     ShardRouter,
     ShardRule,
-    UnknownShardError,
     blake2b64,
     id_range_for_time,
     key_hash,

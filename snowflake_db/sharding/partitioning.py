@@ -20,9 +20,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, ShardingError
 from ..layout import Layout
-from .routing import ShardingError
 
 Period = Literal["day", "week", "month"]
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -36,6 +35,12 @@ def _quote(name: str) -> str:
             f"{name!r} is not a plain identifier (letters, digits, _; optionally schema.table)"
         )
     return ".".join(f'"{part}"' for part in parts)
+
+
+def drop_table_sql(table: str) -> str:
+    """``DROP TABLE`` of a partitioned table (its partitions go with it): the reverse of the
+    ``create_*_partitioned_table_sql`` functions."""
+    return f"DROP TABLE {_quote(table)}"
 
 
 def _require_shard_bits(layout: Layout) -> None:

@@ -38,10 +38,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from ..errors import (
+    ForeignIdError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     InvalidIdError,
-    SnowflakeError,
+    ShardingError,
+    UnknownShardError,
 )
 from ..generator import SnowflakeGenerator
 from ..layout import DEFAULT_LAYOUT, Layout
@@ -56,18 +58,6 @@ _MUL2 = 0x94D049BB133111EB
 DEFAULT_FUTURE_SLACK_MS = 60_000
 
 ShardKey = int | str | bytes | uuid.UUID
-
-
-class ShardingError(SnowflakeError):
-    """A sharding configuration or routing request that cannot be honoured."""
-
-
-class UnknownShardError(ShardingError, InvalidArgumentError):
-    """A logical shard or target the router does not know."""
-
-
-class ForeignIdError(InvalidIdError):
-    """An ID that cannot come from this router's layout (for example another epoch)."""
 
 
 def splitmix64(value: int) -> int:
@@ -292,7 +282,10 @@ class ShardRouter:
 
     # -- new IDs ---------------------------------------------------------------------------
 
-    def _generator(self, generator: SnowflakeGenerator | None) -> SnowflakeGenerator:
+    def checked_generator(
+        self, generator: SnowflakeGenerator | None = None
+    ) -> SnowflakeGenerator:
+        """``generator`` (default: the process-wide one), refused unless it has this layout."""
         chosen = generator if generator is not None else get_generator()
         if chosen.layout != self.layout:
             raise ShardingError(
@@ -314,7 +307,7 @@ class ShardRouter:
         ``splitmix64(id_without_shard) & max_shard``, so new keyless IDs spread evenly.
         ``generator`` defaults to the process-wide one (``snowflake_db.configure``).
         """
-        source = self._generator(generator)
+        source = self.checked_generator(generator)
         if key is not None and shard is not None:
             raise InvalidArgumentError("pass key or shard, not both")
         if key is None and shard is None:
@@ -339,7 +332,7 @@ class ShardRouter:
         generator: SnowflakeGenerator | None = None,
     ) -> list[int]:
         """``n`` new IDs on the shard of ``key`` (or ``shard``), from one ``next_ids`` call."""
-        source = self._generator(generator)
+        source = self.checked_generator(generator)
         if key is None and shard is None:
             if self._embedded:
                 return [i | (splitmix64(i) & self._max_shard) for i in source.next_ids(n)]
@@ -384,8 +377,6 @@ class ShardRouter:
         )
 
     __hash__ = None  # type: ignore[assignment]
-
-
 
 
 class ShardRule:
@@ -454,7 +445,7 @@ class ShardRule:
         one); a primary key that is a key field is a plain new ID, placed by its own hash.
         """
         if pk_field not in self.id_fields:
-            return router._generator(generator).next_id()
+            return router.checked_generator(generator).next_id()
         others = {name: value for name, value in values.items() if name != pk_field}
         shard = self.shard_of(router, others) if router.embedded else None
         if shard is None:

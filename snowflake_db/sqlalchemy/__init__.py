@@ -5,7 +5,8 @@ it takes; the helpers here spell that out, add foreign-key columns of the right 
 and per-engine generators, and an optional ID-at-construction hook. Their default issues the
 keys of a multi-row INSERT with one ``next_ids`` call, and importing this package lets the ORM
 set the keys of new objects at flush so that it can send their INSERTs as one executemany
-(:mod:`snowflake_db.sqlalchemy.flush`).
+(:mod:`snowflake_db.sqlalchemy.flush`). Sharded tables: :mod:`snowflake_db.sqlalchemy.sharding`
+(imported on its own: it loads SQLAlchemy's horizontal sharding extension).
 """
 
 from ..process import snowflake_default

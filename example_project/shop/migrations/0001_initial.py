@@ -5,7 +5,7 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 import snowflake_db.django.fields
-import snowflake_db.sharding.django
+import snowflake_db.django.sharding
 
 
 class Migration(migrations.Migration):
@@ -22,7 +22,7 @@ class Migration(migrations.Migration):
                 ('id', snowflake_db.django.fields.SnowflakeAutoField(primary_key=True, serialize=False)),
                 ('name', models.CharField(max_length=100)),
             ],
-            bases=(snowflake_db.sharding.django.ShardedModelMixin, models.Model),
+            bases=(snowflake_db.django.sharding.ShardedModelMixin, models.Model),
         ),
         migrations.CreateModel(
             name='Order',
@@ -31,7 +31,7 @@ class Migration(migrations.Migration):
                 ('total_cents', models.IntegerField()),
                 ('customer', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='orders', to='shop.customer')),
             ],
-            bases=(snowflake_db.sharding.django.ShardedModelMixin, models.Model),
+            bases=(snowflake_db.django.sharding.ShardedModelMixin, models.Model),
         ),
         migrations.CreateModel(
             name='OrderItem',
@@ -42,6 +42,6 @@ class Migration(migrations.Migration):
                 ('price_cents', models.IntegerField()),
                 ('order', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='items', to='shop.order')),
             ],
-            bases=(snowflake_db.sharding.django.ShardedModelMixin, models.Model),
+            bases=(snowflake_db.django.sharding.ShardedModelMixin, models.Model),
         ),
     ]

@@ -1,0 +1,322 @@
+"""Django sharding: a ``DATABASE_ROUTERS`` router and a manager routing by Snowflake ID.
+
+Settings::
+
+    SNOWFLAKE_SHARD_ROUTER = "myproject.sharding.ROUTER"  # a ShardRouter whose targets are
+                                                          # database aliases (or a callable)
+    DATABASE_ROUTERS = ["snowflake_db.django.routers.ControlDatabaseRouter",
+                        "snowflake_db.django.sharding.ShardedDatabaseRouter"]
+
+A sharded model mixes in :class:`ShardedModelMixin`, sets ``snowflake_shard_rule`` and uses
+``objects = ShardedManager()``. Its primary key is a plain ``BigIntegerField(primary_key=True)``
+filled by ``save()``/``create()``/``bulk_create()`` with an ID that embeds the row's shard (a
+field default cannot see the row's shard key). Django's router API only sees model instances,
+never filter values (https://docs.djangoproject.com/en/stable/topics/db/multi-db/#hints), so
+``get(pk=...)`` and shard-key filters are routed by the queryset, which sets ``.using(alias)``.
+The routing itself (which shard an ID or key lives on) is :mod:`snowflake_db.sharding`; the
+partitioning migration operations are :mod:`snowflake_db.django.operations`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from typing import Any, ClassVar
+
+from django.conf import settings
+from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.db import models
+from django.utils.module_loading import import_string
+
+from ..errors import ShardingError
+from ..sharding.routing import ShardRouter, ShardRule
+
+__all__ = [
+    "ShardedDatabaseRouter",
+    "ShardedManager",
+    "ShardedModelMixin",
+    "ShardedQuerySet",
+    "alias_for_instance",
+    "ensure_pk",
+    "get_shard_router",
+]
+
+SETTING_NAME = "SNOWFLAKE_SHARD_ROUTER"
+_cached: ShardRouter | None = None
+
+
+def get_shard_router() -> ShardRouter:
+    """The :class:`ShardRouter` named by ``settings.SNOWFLAKE_SHARD_ROUTER`` (cached)."""
+    global _cached  # noqa: PLW0603 - cleared when settings change
+    if _cached is None:
+        value = getattr(settings, SETTING_NAME, None)
+        if value is None:
+            raise ImproperlyConfigured(
+                f"settings.{SETTING_NAME} is not set: give the dotted path of a ShardRouter "
+                "whose targets are database aliases"
+            )
+        if isinstance(value, str):
+            value = import_string(value)
+        if callable(value) and not isinstance(value, ShardRouter):
+            value = value()
+        if not isinstance(value, ShardRouter):
+            raise ImproperlyConfigured(
+                f"settings.{SETTING_NAME} must name a ShardRouter, got {value!r}"
+            )
+        missing = [alias for alias in value.targets if alias not in settings.DATABASES]
+        if missing:
+            raise ImproperlyConfigured(
+                f"settings.{SETTING_NAME}: shard target(s) {missing} are not in DATABASES"
+            )
+        _cached = value
+    return _cached
+
+
+def _clear_cache(*, setting: str, **kwargs: Any) -> None:
+    global _cached  # noqa: PLW0603
+    if setting in (SETTING_NAME, "DATABASES"):
+        _cached = None
+
+
+setting_changed.connect(_clear_cache)
+
+
+def rule_of(model: Any) -> ShardRule | None:
+    rule = getattr(model, "snowflake_shard_rule", None)
+    return rule if isinstance(rule, ShardRule) else None
+
+
+def _attname(model: Any, name: str) -> str:
+    """``customer`` / ``customer_id`` / ``pk`` -> the concrete column attribute name."""
+    opts = model._meta
+    if name == "pk":
+        return str(opts.pk.attname)
+    try:
+        field = opts.get_field(name)
+    except FieldDoesNotExist:
+        return name
+    return str(getattr(field, "attname", name))
+
+
+def _values(instance: Any, rule: ShardRule) -> dict[str, object]:
+    return {name: getattr(instance, _attname(type(instance), name), None) for name in rule.fields}
+
+
+def ensure_pk(instance: Any) -> int:
+    """Give a sharded instance its primary key (embedding its shard) if it has none."""
+    rule = rule_of(type(instance))
+    if rule is None:
+        raise ShardingError(f"{type(instance).__name__} has no snowflake_shard_rule")
+    if instance.pk is None:
+        pk_name = type(instance)._meta.pk.attname
+        instance.pk = rule.new_pk(get_shard_router(), pk_name, _values(instance, rule))
+    return int(instance.pk)
+
+
+def alias_for_instance(instance: Any) -> str:
+    """The database alias of a sharded instance; its routing fields must agree on one shard."""
+    rule = rule_of(type(instance))
+    if rule is None:
+        raise ShardingError(f"{type(instance).__name__} has no snowflake_shard_rule")
+    router = get_shard_router()
+    values = _values(instance, rule)
+    shards = {rule.shard_of_field(router, name, value)
+              for name, value in values.items() if value is not None}
+    if not shards:
+        raise ShardingError(
+            f"{type(instance).__name__} has none of its routing fields {rule.fields} set"
+        )
+    if len(shards) > 1:
+        raise ShardingError(
+            f"{type(instance).__name__} {values} disagree about the shard ({sorted(shards)}): "
+            "was the primary key made without its shard key? Leave it empty to have it assigned"
+        )
+    return router.target_of_shard(shards.pop())
+
+
+class ShardedDatabaseRouter:
+    """Sends sharded models to the alias of their instance's shard, and migrates them there.
+
+    Unsharded models get ``None`` (other routers or ``default`` decide) for reads and writes,
+    and are not migrated onto shard aliases that are not also the ``default`` alias.
+    """
+
+    def _rule(self, model: Any) -> ShardRule | None:
+        return rule_of(model)
+
+    def _route(self, model: Any, hints: dict[str, Any], action: str) -> str | None:
+        if self._rule(model) is None:
+            return None
+        instance = hints.get("instance")
+        if instance is not None:
+            sharded = rule_of(type(instance)) is not None
+            if sharded and type(instance) is model and instance._state.adding:
+                # A new row: its fields decide (assigning a parent already set _state.db, but
+                # the primary key must agree with it).
+                if instance.pk is None:
+                    ensure_pk(instance)
+                return alias_for_instance(instance)
+            if instance._state.db is not None:
+                return str(instance._state.db)  # loaded rows and related managers stay put
+            if sharded:
+                return alias_for_instance(instance)
+        raise ShardingError(
+            f"cannot tell which shard to {action} {model.__name__} on: use "
+            f"{model.__name__}.objects.get(pk=...) / .filter(<routing field>=...) with "
+            "ShardedManager, .using(alias), or .across_shards()"
+        )
+
+    def db_for_read(self, model: Any, **hints: Any) -> str | None:
+        return self._route(model, hints, "read")
+
+    def db_for_write(self, model: Any, **hints: Any) -> str | None:
+        return self._route(model, hints, "write")
+
+    def allow_relation(self, obj1: Any, obj2: Any, **hints: Any) -> bool | None:
+        if rule_of(type(obj1)) is None and rule_of(type(obj2)) is None:
+            return None
+        db1, db2 = obj1._state.db, obj2._state.db
+        if db1 is None or db2 is None:
+            return True
+        return bool(db1 == db2)
+
+    def allow_migrate(
+        self, db: str, app_label: str, model_name: str | None = None, **hints: Any
+    ) -> bool | None:
+        # Migrations pass historical models, which lack snowflake_shard_rule: use the real one.
+        model = None
+        if model_name is not None:
+            from django.apps import apps
+
+            try:
+                model = apps.get_model(app_label, model_name)
+            except LookupError:
+                model = hints.get("model")
+        targets = get_shard_router().targets
+        if model is not None and rule_of(model) is not None:
+            return db in targets
+        if model is not None and db in targets and db != "default":
+            return False
+        return None
+
+
+class ShardedQuerySet(models.QuerySet):
+    """A queryset that picks its shard from ``pk``/routing-field filters, or fans out."""
+
+    def _rule(self) -> ShardRule:
+        rule = rule_of(self.model)
+        if rule is None:
+            raise ShardingError(f"{self.model.__name__} has no snowflake_shard_rule")
+        return rule
+
+    def _aliases_for(self, kwargs: dict[str, Any]) -> set[str] | None:
+        """Aliases pinned by ``field=value`` / ``field__in=[...]`` lookups, else ``None``."""
+        rule, router = self._rule(), get_shard_router()
+        names = {_attname(self.model, f): f for f in rule.fields}
+        pinned: set[str] | None = None
+        for lookup, value in kwargs.items():
+            field, _, operator = lookup.partition("__")
+            if operator not in ("", "exact", "in"):
+                continue
+            attname = _attname(self.model, field)
+            if attname not in names:
+                continue
+            values = list(value) if operator == "in" else [value]
+            # URL kwargs arrive as strings: convert like the field does ("123" -> 123).
+            field_object = self.model._meta.get_field(field) if field != "pk" \
+                else self.model._meta.pk
+            values = [field_object.to_python(getattr(v, "pk", v)) for v in values]
+            if any(v is None for v in values):
+                continue
+            aliases = {router.target_of_shard(rule.shard_of_field(router, names[attname], v))
+                       for v in values}
+            pinned = aliases if pinned is None else pinned & aliases
+        return pinned
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        return get_shard_router().targets
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        if self._db is not None:
+            return super().get(*args, **kwargs)
+        aliases = self._aliases_for(kwargs)
+        if aliases is not None and len(aliases) == 1:
+            return self.using(aliases.pop()).get(*args, **kwargs)
+        found = []
+        for alias in sorted(aliases) if aliases is not None else self.aliases:
+            found.extend(self.using(alias).filter(*args, **kwargs)[:2])
+        if not found:
+            raise self.model.DoesNotExist(
+                f"{self.model._meta.object_name} matching query does not exist on any shard."
+            )
+        if len(found) > 1:
+            raise self.model.MultipleObjectsReturned(
+                f"get() returned more than one {self.model._meta.object_name} across shards"
+            )
+        return found[0]
+
+    def filter(self, *args: Any, **kwargs: Any) -> Any:
+        clone = super().filter(*args, **kwargs)
+        if clone._db is None:
+            aliases = self._aliases_for(kwargs)
+            if aliases is not None and len(aliases) == 1:
+                clone = clone.using(aliases.pop())
+        return clone
+
+    def time_range(self, start: datetime | int, end: datetime | int) -> Any:
+        """Rows whose IDs were issued from ``start`` to ``end``: a primary-key range."""
+        low, high = get_shard_router().id_range(start, end)
+        return self.filter(pk__gte=low, pk__lte=high)
+
+    def across_shards(self) -> Iterator[Any]:
+        """Iterate the query's rows on every shard alias, one after the other."""
+        return itertools.chain.from_iterable(self.using(alias) for alias in self.aliases)
+
+    def count_by_shard(self) -> dict[str, int]:
+        return {alias: self.using(alias).count() for alias in self.aliases}
+
+    def create(self, **kwargs: Any) -> Any:
+        instance = self.model(**kwargs)
+        ensure_pk(instance)
+        instance.save(force_insert=True, using=self._db or alias_for_instance(instance))
+        return instance
+
+    def bulk_create(self, objs: Iterable[Any], *args: Any, **kwargs: Any) -> list[Any]:
+        objs = list(objs)
+        for obj in objs:
+            ensure_pk(obj)
+        if self._db is not None:
+            return super().bulk_create(objs, *args, **kwargs)
+        groups: dict[str, list[Any]] = {}
+        for obj in objs:
+            groups.setdefault(alias_for_instance(obj), []).append(obj)
+        for alias, group in groups.items():
+            self.using(alias).bulk_create(group, *args, **kwargs)
+        return objs
+
+    def in_bulk(self, id_list: Iterable[Any] | None = None, **kwargs: Any) -> dict[Any, Any]:
+        if self._db is not None or id_list is None or kwargs.get("field_name", "pk") != "pk":
+            return super().in_bulk(id_list, **kwargs)
+        result: dict[Any, Any] = {}
+        groups = get_shard_router().targets_for_ids(int(i) for i in id_list)
+        for alias, ids in groups.items():
+            result.update(self.using(alias).in_bulk(ids, **kwargs))
+        return result
+
+
+ShardedManager = models.Manager.from_queryset(ShardedQuerySet)
+ShardedManager.__doc__ = "The manager of sharded models (see :class:`ShardedQuerySet`)."
+
+
+class ShardedModelMixin:
+    """Gives a sharded model its shard-embedding primary key on ``save()``."""
+
+    snowflake_shard_rule: ClassVar[ShardRule]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is None:  # type: ignore[attr-defined]
+            ensure_pk(self)
+        super().save(*args, **kwargs)  # type: ignore[misc]
