@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.plugins.databases"]
+pytest_plugins = ["tests.plugins.databases", "tests.plugins.process_default"]

@@ -11,7 +11,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from itertools import pairwise
 
 import pytest
@@ -39,7 +38,7 @@ from snowflake_db import (
     wall_clock,
 )
 from snowflake_db.testing import DEFAULT_FAKE_START_MS, FakeClock
-from tests.test_layout import boundary_ints, layouts
+from tests.core_support import FakeAllocator, boundary_ints, layouts
 
 T0 = DEFAULT_FAKE_START_MS
 NOW_MS = time.time_ns() // 1_000_000
@@ -583,54 +582,6 @@ def test_close() -> None:
 
 
 # -- leases: the allocator contract, without a database -----------------------------------------
-
-
-@dataclass
-class FakeLease:
-    """A lease as an allocator would hand out; the test moves its fields to simulate renewals."""
-
-    worker_id: int
-    floor_ms: int | None
-    high_water_ms: int
-    valid_until: float
-    lost: bool = False
-    released: bool = False
-    abandoned: bool = False
-
-    def describe_problem(self) -> str:
-        return f"fake lease of worker {self.worker_id}"
-
-    def release(self) -> None:
-        self.released = True
-
-    def abandon(self) -> None:
-        self.abandoned = True
-
-
-@dataclass
-class FakeAllocator:
-    """Hands out ``worker_ids`` in turn, each with the configured floor and high-water mark
-    (by default an hour past the clock's reading at acquisition)."""
-
-    worker_ids: list[int]
-    floor_ms: int | None = None
-    high_water_ms: int | None = None
-    valid_for_s: float = 3600.0
-    leases: list[FakeLease] = field(default_factory=list)
-
-    def acquire(self, *, layout: Layout, clock: Callable[[], int]) -> FakeLease:
-        assert isinstance(layout, Layout)
-        assert callable(clock)
-        lease = FakeLease(
-            worker_id=self.worker_ids[len(self.leases)],
-            floor_ms=self.floor_ms,
-            high_water_ms=(
-                self.high_water_ms if self.high_water_ms is not None else clock() + 3_600_000
-            ),
-            valid_until=time.monotonic() + self.valid_for_s,
-        )
-        self.leases.append(lease)
-        return lease
 
 
 def test_fakes_satisfy_the_lease_protocols() -> None:

@@ -9,15 +9,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import multiprocessing
-import os
-import pickle
 import random
-import select
-import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from itertools import pairwise
 from typing import Any
 
@@ -33,17 +29,9 @@ from snowflake_db import (
     SnowflakeGenerator,
 )
 from snowflake_db.testing import DEFAULT_FAKE_START_MS, FakeClock
-from tests.test_generator_clock import FakeAllocator
+from tests.core_support import FakeAllocator, error_report, run_in_fork
 
-
-@pytest.fixture(autouse=True)
-def _fresh_process_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No process-wide generator or environment set-up leaks between tests."""
-    monkeypatch.delenv("SNOWFLAKE_WORKER_ID", raising=False)
-    monkeypatch.delenv("SNOWFLAKE_WORKER_URL", raising=False)
-    snowflake_db.reset()
-    yield
-    snowflake_db.reset()
+pytestmark = pytest.mark.usefixtures("fresh_process_default")
 
 
 def is_strictly_increasing(ids: list[int]) -> bool:
@@ -54,50 +42,6 @@ def is_strictly_increasing(ids: list[int]) -> bool:
 def worker_ids_of(ids: list[int]) -> set[int]:
     """Worker IDs by bit arithmetic: decoding hundreds of thousands of IDs would be slow."""
     return {(i >> DEFAULT_LAYOUT.worker_shift) & DEFAULT_LAYOUT.max_worker_id for i in ids}
-
-
-def error_report(error: BaseException) -> dict[str, str]:
-    """Exceptions do not always pickle; their class name and message always do."""
-    return {"error": type(error).__name__, "message": str(error)}
-
-
-FORK_TIMEOUT_S = 60
-
-
-def run_in_fork(child: Callable[[], Any], fork: Callable[[], int] = os.fork) -> Any:
-    """Run ``child`` in a forked child; return its result or a report of its exception."""
-    read_fd, write_fd = os.pipe()
-    pid = fork()
-    if pid == 0:  # pragma: no cover - runs in the child, which never returns to pytest
-        exit_code = 1
-        try:
-            os.close(read_fd)
-            try:
-                result: Any = {"result": child()}
-            except BaseException as error:
-                result = error_report(error)
-            with os.fdopen(write_fd, "wb") as pipe:
-                pipe.write(pickle.dumps(result))
-            exit_code = 0
-        finally:
-            os._exit(exit_code)
-    os.close(write_fd)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + FORK_TIMEOUT_S
-    with os.fdopen(read_fd, "rb", buffering=0) as pipe:
-        while True:  # never let a stuck child hang the suite
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([pipe], [], [], remaining)[0]:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                pytest.fail(f"the forked child gave no answer within {FORK_TIMEOUT_S} s")
-            chunk = pipe.read(65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the forked child crashed"
-    return pickle.loads(b"".join(chunks))
 
 
 # -- threads -----------------------------------------------------------------------------------

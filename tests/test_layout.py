@@ -25,40 +25,9 @@ from snowflake_db import (
     Layout,
     SnowflakeError,
 )
+from tests.core_support import NOW_MS, boundary_ints, layouts
 
-NOW_MS = time.time_ns() // 1_000_000
-#: 9999-12-31T23:59:59.999Z, the last millisecond a ``datetime`` can hold.
-DATETIME_MAX_MS = 253_402_300_799_999
 UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def boundary_ints(low: int, high: int) -> st.SearchStrategy[int]:
-    """Integers in ``[low, high]`` that hit both ends often: off-by-one bugs hide there."""
-    return st.one_of(st.sampled_from([low, high]), st.integers(low, high))
-
-
-@st.composite
-def layouts(draw: st.DrawFn) -> Layout:
-    """Valid layouts whose last tick still fits a ``datetime`` (wider ones: see the test below)."""
-    worker_bits = draw(boundary_ints(0, 20))
-    sequence_bits = draw(boundary_ints(0, 20))
-    shard_bits = draw(boundary_ints(0, 8))
-    datacenter_bits = draw(boundary_ints(0, worker_bits))
-    tick_ms = draw(st.one_of(st.sampled_from([1, 2, 10, 1000]), st.integers(1, 10_000)))
-    epoch_ms = draw(boundary_ints(0, NOW_MS - 1) | st.just(DEFAULT_EPOCH_MS))
-    room = 63 - worker_bits - sequence_bits - shard_bits
-    while epoch_ms + (tick_ms << room) - 1 > DATETIME_MAX_MS:
-        room -= 1
-    time_bits = draw(boundary_ints(1, room))
-    return Layout(
-        time_bits=time_bits,
-        worker_bits=worker_bits,
-        sequence_bits=sequence_bits,
-        shard_bits=shard_bits,
-        datacenter_bits=datacenter_bits,
-        epoch_ms=epoch_ms,
-        tick_ms=tick_ms,
-    )
 
 
 def tick_start(layout: Layout, timestamp_ms: int) -> int:

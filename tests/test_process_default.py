@@ -10,7 +10,6 @@ import contextlib
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from itertools import pairwise
 from typing import Any
 
@@ -30,20 +29,13 @@ from snowflake_db import (
     snowflake_default,
 )
 from snowflake_db.testing import DEFAULT_FAKE_START_MS, FakeClock
-from tests.test_generator_concurrency import run_in_fork
+from tests.core_support import run_in_fork
 
 T0 = DEFAULT_FAKE_START_MS
 decode = DEFAULT_LAYOUT.decode
 
 
-@pytest.fixture(autouse=True)
-def _fresh_process_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test starts unconfigured, with no worker ID in the environment, and leaks nothing."""
-    monkeypatch.delenv("SNOWFLAKE_WORKER_ID", raising=False)
-    monkeypatch.delenv("SNOWFLAKE_WORKER_URL", raising=False)
-    snowflake_db.reset()
-    yield
-    snowflake_db.reset()
+pytestmark = pytest.mark.usefixtures("fresh_process_default")
 
 
 # -- not configured ----------------------------------------------------------------------------

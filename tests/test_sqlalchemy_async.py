@@ -11,7 +11,7 @@ from sqlalchemy import func, insert, select
 import snowflake_db
 from snowflake_db.sqlalchemy import bind_generator, unbind_generator
 from tests.plugins.databases import ScratchDatabase, in_ci
-from tests.test_sqlalchemy_inserts import Base, Item, Order, events
+from tests.sqlalchemy_support import Base, Item, Order, events
 
 try:
     import greenlet  # noqa: F401  (SQLAlchemy's asyncio extension runs on it)

@@ -7,11 +7,6 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import (
     BigInteger,
-    Column,
-    Integer,
-    MetaData,
-    String,
-    Table,
     create_engine,
     func,
     insert,
@@ -20,17 +15,11 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+from sqlalchemy.orm import Session
 
 import snowflake_db
-from snowflake_db.sqlalchemy import (
-    snowflake_column,
-    snowflake_default,
-    snowflake_fk_column,
-    snowflake_fk_mapped_column,
-    snowflake_mapped_column,
-)
 from tests.plugins.databases import ScratchDatabase
+from tests.sqlalchemy_support import Base, Item, Order, core, event_refs, events, plain
 
 WORKER_ID = 37
 LAYOUT = snowflake_db.Layout()
@@ -43,41 +32,6 @@ def configured() -> Iterator[None]:
     snowflake_db.reset()
 
 
-class Base(DeclarativeBase):
-    pass
-
-
-class Order(Base):
-    __tablename__ = "orders"
-    id: Mapped[int] = snowflake_mapped_column()
-    customer: Mapped[str] = mapped_column(String(50))
-    items: Mapped[list[Item]] = relationship(back_populates="order")
-
-
-class Item(Base):
-    __tablename__ = "order_items"
-    id: Mapped[int] = snowflake_mapped_column()
-    order_id: Mapped[int] = snowflake_fk_mapped_column("orders.id")
-    sku: Mapped[str] = mapped_column(String(20))
-    order: Mapped[Order] = relationship(back_populates="items")
-
-
-core = MetaData()
-events = Table(
-    "events",
-    core,
-    snowflake_column("id"),
-    Column("n", Integer, nullable=False),
-)
-plain = Table(  # the one-liner the README promises, without the helper
-    "plain",
-    core,
-    Column("id", BigInteger, primary_key=True, default=snowflake_default, autoincrement=False),
-    Column("n", Integer),
-)
-event_refs = Table(
-    "event_refs", core, snowflake_column("id"), snowflake_fk_column("events.id", "event_id")
-)
 
 
 def _engine(db: ScratchDatabase) -> Engine:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -27,14 +26,7 @@ pytest_plugins = ["pytester"]
 T0 = DEFAULT_FAKE_START_MS
 
 
-@pytest.fixture(autouse=True)
-def _fresh_process_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test starts unconfigured and leaves nothing configured behind."""
-    monkeypatch.delenv("SNOWFLAKE_WORKER_ID", raising=False)
-    monkeypatch.delenv("SNOWFLAKE_WORKER_URL", raising=False)
-    snowflake_db.reset()
-    yield
-    snowflake_db.reset()
+pytestmark = pytest.mark.usefixtures("fresh_process_default")
 
 
 # -- FakeClock ---------------------------------------------------------------------------------
