@@ -48,8 +48,8 @@ class _PartitionOperation(Operation):
         return bool(router.allow_migrate(connection.alias, app_label, **self.hints))
 
 
-class CreateShardPartitionedTable(_PartitionOperation):
-    """``CREATE TABLE ... PARTITION BY LIST ((id & max_shard))`` and one partition per shard."""
+class _CreatePartitionedTable(_PartitionOperation):
+    """Creates ``table`` with ``columns_sql`` and its first partitions; reversed by dropping it."""
 
     def __init__(self, table: str, columns_sql: str, layout: dict[str, Any] | Layout, *,
                  column: str = "id", hints: dict[str, Any] | None = None) -> None:
@@ -57,59 +57,62 @@ class CreateShardPartitionedTable(_PartitionOperation):
         self.table, self.columns_sql, self.column = table, columns_sql, column
         self.layout = _layout_kwargs(layout)
 
+    def _options(self) -> dict[str, Any]:
+        """The keyword arguments of the subclass, for ``deconstruct``."""
+        return {}
+
+    def _statements(self) -> list[str]:
+        raise NotImplementedError
+
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
         return (self.__class__.__qualname__, [self.table, self.columns_sql, self.layout],
-                {"column": self.column, **({"hints": self.hints} if self.hints else {})})
+                {**self._options(), "column": self.column,
+                 **({"hints": self.hints} if self.hints else {})})
 
     def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any,
                           to_state: Any) -> None:
         if self._applies(app_label, schema_editor):
-            for sql in partitioning.create_shard_partitioned_table_sql(
-                self.table, self.columns_sql, _layout(self.layout), column=self.column
-            ):
+            for sql in self._statements():
                 schema_editor.execute(sql)
 
     def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any,
                            to_state: Any) -> None:
         if self._applies(app_label, schema_editor):
             schema_editor.execute(partitioning.drop_table_sql(self.table))
+
+
+class CreateShardPartitionedTable(_CreatePartitionedTable):
+    """``CREATE TABLE ... PARTITION BY LIST ((id & max_shard))`` and one partition per shard."""
+
+    def _statements(self) -> list[str]:
+        return partitioning.create_shard_partitioned_table_sql(
+            self.table, self.columns_sql, _layout(self.layout), column=self.column
+        )
 
     def describe(self) -> str:
         return f"Create {self.table} partitioned by its embedded shard"
 
 
-class CreateTimePartitionedTable(_PartitionOperation):
+class CreateTimePartitionedTable(_CreatePartitionedTable):
     """``CREATE TABLE ... PARTITION BY RANGE (id)`` with partitions from ``start``."""
 
     def __init__(self, table: str, columns_sql: str, layout: dict[str, Any] | Layout, *,
                  start: str, periods: int = 3, period: partitioning.Period = "month",
                  column: str = "id", hints: dict[str, Any] | None = None) -> None:
-        super().__init__(hints=hints)
-        self.table, self.columns_sql, self.column = table, columns_sql, column
-        self.layout = _layout_kwargs(layout)
+        super().__init__(table, columns_sql, layout, column=column, hints=hints)
         self.start, self.periods, self.period = start, periods, period
 
-    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
-        return (self.__class__.__qualname__, [self.table, self.columns_sql, self.layout],
-                {"start": self.start, "periods": self.periods, "period": self.period,
-                 "column": self.column, **({"hints": self.hints} if self.hints else {})})
+    def _options(self) -> dict[str, Any]:
+        return {"start": self.start, "periods": self.periods, "period": self.period}
 
-    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any,
-                          to_state: Any) -> None:
-        if self._applies(app_label, schema_editor):
-            start = datetime.fromisoformat(self.start)
-            if start.tzinfo is None:
-                start = start.replace(tzinfo=UTC)
-            for sql in partitioning.create_time_partitioned_table_sql(
-                self.table, self.columns_sql, _layout(self.layout), start=start,
-                periods=self.periods, period=self.period, column=self.column,
-            ):
-                schema_editor.execute(sql)
-
-    def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any,
-                           to_state: Any) -> None:
-        if self._applies(app_label, schema_editor):
-            schema_editor.execute(partitioning.drop_table_sql(self.table))
+    def _statements(self) -> list[str]:
+        start = datetime.fromisoformat(self.start)
+        if start.tzinfo is None:
+            start = start.replace(tzinfo=UTC)
+        return partitioning.create_time_partitioned_table_sql(
+            self.table, self.columns_sql, _layout(self.layout), start=start,
+            periods=self.periods, period=self.period, column=self.column,
+        )
 
     def describe(self) -> str:
         return f"Create {self.table} partitioned by ID ranges of one {self.period} each"

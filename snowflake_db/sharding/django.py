@@ -4,30 +4,12 @@ This old path keeps working: settings (``DATABASE_ROUTERS``) and migrations writ
 move name it (a migration freezes ``bases`` and operations by their import path).
 """
 
-from ..django.operations import (
-    AddTimePartitions,
-    CreateShardPartitionedTable,
-    CreateTimePartitionedTable,
-)
-from ..django.sharding import (
-    ShardedDatabaseRouter,
-    ShardedManager,
-    ShardedModelMixin,
-    ShardedQuerySet,
-    alias_for_instance,
-    ensure_pk,
-    get_shard_router,
-)
+from ..django import operations as _operations
+from ..django import sharding as _sharding
 
-__all__ = [
-    "AddTimePartitions",
-    "CreateShardPartitionedTable",
-    "CreateTimePartitionedTable",
-    "ShardedDatabaseRouter",
-    "ShardedManager",
-    "ShardedModelMixin",
-    "ShardedQuerySet",
-    "alias_for_instance",
-    "ensure_pk",
-    "get_shard_router",
-]
+
+def __getattr__(name: str) -> object:
+    for module in (_sharding, _operations):
+        if name in module.__all__:
+            return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
