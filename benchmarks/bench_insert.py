@@ -25,7 +25,7 @@ not a key kind of its own but the cost of the extra bound parameter alone, the f
 key made in the application; ``UUID`` from ``uuid.uuid4()``; ``UUID`` version 7 (time-ordered;
 a small local function when the Python version lacks ``uuid.uuid7``). Batches are interleaved
 (kind order rotates every batch) so background load hits every kind alike; ratios are taken
-against BIGSERIAL in the same run.
+against BIGSERIAL in the same run, and each path's target (``TARGETS``) against its reference.
 Sizes come from ``pg_relation_size`` (table heap) and ``pg_indexes_size`` (its only index, the
 primary key) after the core path. Besides the ratio of total rows/s (which the targets use) the
 table shows the median over batches of the per-batch time ratio, which a load spike on a shared
@@ -66,11 +66,18 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 import snowflake_db
 from snowflake_db.sqlalchemy import snowflake_column, snowflake_default, snowflake_mapped_column
 
-TARGET_RATIO = 0.95  # Snowflake rows/s >= 0.95x BIGSERIAL on the same path (DESIGN.md)
 KINDS = ("bigserial", "snowflake", "snowflake_fn", "uuid4", "uuid7")
 #: Core only, a reference rather than a key kind: rows that already carry their Snowflake IDs
 #: (issued before the timer starts), i.e. what the extra bound parameter alone costs.
 GIVEN = "given_ids"
+#: The targets of DESIGN.md, per path: the Snowflake column default's rows/s >= ratio x the
+#: reference's in the same run. Core is judged against the given-IDs floor (which itself runs at
+#: 0.95-0.96x BIGSERIAL here, the cost of one more bound parameter), the others against BIGSERIAL.
+TARGETS: dict[str, tuple[str, float]] = {
+    "core": (GIVEN, 0.97),
+    "orm": ("bigserial", 1.0),
+    "copy": ("bigserial", 0.95),
+}
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
@@ -384,10 +391,13 @@ def main(argv: list[str] | None = None) -> int:
             ratio = tally.rate / base if base else 0.0
             target, verdict = "", ""
             if kind == "snowflake":
-                target = f">= {TARGET_RATIO:.2f}x"
-                passed = ratio >= TARGET_RATIO
+                reference, minimum = TARGETS[path]
+                reference_rate = tallies[reference].rate
+                measured = tally.rate / reference_rate if reference_rate else 0.0
+                target = f">= {minimum:.2f}x {reference}: {measured:.3f}x"
+                passed = measured >= minimum
                 verdict = "PASS" if passed else "FAIL"
-                verdicts.append((f"{path}: Snowflake >= {TARGET_RATIO}x BIGSERIAL", passed))
+                verdicts.append((f"{path}: Snowflake >= {minimum}x {reference}", passed))
             paired = statistics.median(
                 base_time / time_ for base_time, time_ in
                 zip(tallies["bigserial"].samples, tally.samples, strict=True)
