@@ -47,6 +47,22 @@ def test_core_module_imports_only_the_standard_library(module: str) -> None:
     assert not bad, f"snowflake_db/{module}.py imports {bad}, outside the stdlib core"
 
 
+#: The framework-free sharding modules (``django``/``sqlalchemy`` there only forward old paths).
+SHARDING = ["__init__", "partitioning", "routing", "rules"]
+
+
+@pytest.mark.parametrize("module", SHARDING)
+def test_sharding_routing_imports_no_framework(module: str) -> None:
+    bad = []
+    for level, name in _imports(PACKAGE / "sharding" / f"{module}.py"):
+        top = name.split(".")[0]
+        if level == 0 and top != "__future__" and top not in sys.stdlib_module_names:
+            bad.append(name)
+        elif (level == 1 and top not in SHARDING) or (level == 2 and top not in CORE):
+            bad.append("." * level + name)
+    assert not bad, f"snowflake_db/sharding/{module}.py imports {bad}, outside stdlib and core"
+
+
 def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from .worker import TableWorkerAllocator\n")

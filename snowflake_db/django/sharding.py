@@ -31,7 +31,8 @@ from django.db import models
 from django.utils.module_loading import import_string
 
 from ..errors import ShardingError
-from ..sharding.routing import ShardRouter, ShardRule
+from ..sharding.routing import ShardRouter
+from ..sharding.rules import ShardRule
 
 __all__ = [
     "ShardedDatabaseRouter",

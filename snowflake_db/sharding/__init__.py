@@ -1,12 +1,13 @@
 """Sharded order tables: route IDs and shard keys to shards, co-locate, query time ranges.
 
-This package imports no framework: the router (:mod:`snowflake_db.sharding.routing`) and the
-PostgreSQL partitioning DDL (:mod:`snowflake_db.sharding.partitioning`) need only the standard
-library and the snowflake_db core. Framework glue lives with its framework:
+This package imports no framework: the router (:mod:`snowflake_db.sharding.routing`), the
+per-table rules (:mod:`snowflake_db.sharding.rules`) and the PostgreSQL partitioning DDL
+(:mod:`snowflake_db.sharding.partitioning`) need only the standard library and the core.
+Framework glue lives with its framework:
 :mod:`snowflake_db.sqlalchemy.sharding` (horizontal sharding choosers, table-per-shard helper),
 :mod:`snowflake_db.django.sharding` (database router, manager) and
 :mod:`snowflake_db.django.operations` (partitioning migrations). The old paths
-``snowflake_db.sharding.sqlalchemy`` and ``snowflake_db.sharding.django`` re-export them.
+``snowflake_db.sharding.sqlalchemy`` and ``snowflake_db.sharding.django`` forward to them.
 """
 
 from ..errors import ForeignIdError, ShardingError, UnknownShardError
@@ -14,12 +15,12 @@ from .routing import (
     DEFAULT_FUTURE_SLACK_MS,
     ShardKey,
     ShardRouter,
-    ShardRule,
     blake2b64,
     id_range_for_time,
     key_hash,
     splitmix64,
 )
+from .rules import ShardRule
 
 __all__ = [
     "DEFAULT_FUTURE_SLACK_MS",

@@ -34,7 +34,8 @@ from sqlalchemy.sql.selectable import Select
 
 from ..errors import ShardingError
 from ..generator import SnowflakeGenerator
-from ..sharding.routing import ShardKey, ShardRouter, ShardRule
+from ..sharding.routing import ShardKey, ShardRouter
+from ..sharding.rules import ShardRule
 
 __all__ = ["ShardedRouting", "TablePerShard", "sharded_sessionmaker"]
 
