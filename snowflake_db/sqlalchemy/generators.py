@@ -342,7 +342,7 @@ def _id_for_new_row(default: SnowflakeDefault, context: ExecutionContext) -> int
     """
     table = _current_table(context)
     engine = getattr(context, "root_connection", None)
-    if default._shard_for is not None:
+    if default.shard_for is not None:
         values = context.get_current_parameters()  # type: ignore[attr-defined]
         return default.id_for(table=table, engine=engine, values=values)
     rows = len(getattr(context, "compiled_parameters", None) or ())
