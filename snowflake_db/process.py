@@ -208,7 +208,8 @@ def _table_allocator(url: str) -> WorkerAllocator:
 
     The core imports only the standard library: ``snowflake_db.worker`` registers its
     ``TableWorkerAllocator`` in the package metadata (``pyproject.toml``), so nothing here names
-    it, and another allocator can be installed under the same name.
+    it. A registration at import time would not do: nothing imports ``snowflake_db.worker``
+    when the URL comes from the environment.
     """
     from importlib.metadata import entry_points
 
