@@ -10,11 +10,13 @@ the object is created, like any field with a callable default.
 from __future__ import annotations
 
 import sys
+from types import FrameType
 from typing import Any
 
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.fields import NOT_PROVIDED
+from django.db.models.sql.compiler import SQLInsertCompiler
 
 from ..errors import InvalidIdError
 from ..process import snowflake_default
@@ -33,32 +35,38 @@ _BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
 # (QuerySet._prepare_for_bulk_create) asks the same question. Only the first can leave the key to
 # the INSERT itself, so the answer depends on the caller (SnowflakeAutoField.get_pk_value_on_save).
 _SAVE_TABLE_CODE = models.Model._save_table.__code__
+_PREPARE_BULK_CODE = models.QuerySet._prepare_for_bulk_create.__code__
+_BULK_CREATE_CODE = models.QuerySet.bulk_create.__code__
+# The insert compiler gets each field's value through pre_save_val(), whose `self` knows whether
+# the INSERT handles conflicts (django/db/models/sql/compiler.py, SQLInsertCompiler).
+_PRE_SAVE_VAL_CODE = SQLInsertCompiler.pre_save_val.__code__
 
-#: On ModelState: the key get_pk_value_on_save gave an object, until an INSERT writes it.
-_BULK_KEY = "snowflake_bulk_key"
-#: On an insert compiler: its objects' marks were consumed.
-_OBJECTS_SEEN = "snowflake_objects_seen"
+#: On ModelState: the key a conflict-handling bulk_create gave an object, until its INSERT.
+_CONFLICT_KEY = "snowflake_conflict_key"
+
+#: The bulk_create frame last asked about and its answer: one look at its locals per call,
+#: not per object. Cleared by the first pre_save() after it, so the frame is not kept alive.
+_last_bulk_create: tuple[FrameType | None, bool] = (None, False)
 
 
-def _check_conflicts(compiler: Any) -> None:
-    """Once per INSERT: leave objects with ``pk`` None where Django cannot tell what was written.
+def _bulk_create_handles_conflicts(bulk_create: FrameType | None) -> bool:
+    """True when this bulk_create frame ignores or updates conflicts (its ``on_conflict``)."""
+    global _last_bulk_create  # noqa: PLW0603 - a one-entry cache, replaced whole
+    answer = (
+        bulk_create is not None
+        and bulk_create.f_code is _BULK_CREATE_CODE
+        and bulk_create.f_locals.get("on_conflict") is not None
+    )
+    _last_bulk_create = (bulk_create, answer)
+    return answer
 
-    With ``bulk_create(ignore_conflicts=True)`` or ``update_conflicts=True`` any row may have been
-    skipped or may have kept its old key, so objects whose key bulk_create gave them get ``pk``
-    None back, as an ``AutoField``'s are: never a key that may not exist. Called from the
-    placeholder hooks, the one place where a field sees its INSERT (compiler.query.on_conflict);
-    the objects' values are already taken, so the keys are still written.
-    """
-    if getattr(compiler, _OBJECTS_SEEN, False):
-        return
-    setattr(compiler, _OBJECTS_SEEN, True)
-    query = compiler.query  # an UPDATE that sets the key has no objs
-    conflicts = getattr(query, "on_conflict", None) is not None
-    for obj in getattr(query, "objs", ()):
-        # The mark is consumed by the first INSERT that writes the key.
-        given = obj._state.__dict__.pop(_BULK_KEY, None)
-        if conflicts and given is not None and given == obj.pk:
-            obj.pk = None
+
+def _insert_handles_conflicts() -> bool:
+    """True when pre_save() was called for an INSERT with ON CONFLICT (ignore or update)."""
+    caller = sys._getframe(2)
+    if caller.f_code is not _PRE_SAVE_VAL_CODE:
+        return False
+    return caller.f_locals["self"].query.on_conflict is not None
 
 
 def _drop_injected_default(kwargs: dict[str, Any]) -> None:
@@ -69,23 +77,29 @@ def _drop_injected_default(kwargs: dict[str, Any]) -> None:
 
 def _checked_key(field: models.Field, value: Any) -> Any:
     """The value as an int that fits BIGINT, or an error naming the model, field and value."""
+    if type(value) is int and _BIGINT_MIN <= value <= _BIGINT_MAX:
+        return value
     if value is None or hasattr(value, "resolve_expression"):
         return value
-    label = f"{field.model._meta.label}.{field.name}" if hasattr(field, "model") else field.name
     if isinstance(value, bool):
-        raise InvalidIdError(f"{label}: {value!r} is not an integer key")
+        raise InvalidIdError(f"{_label(field)}: {value!r} is not an integer key")
     try:
         key = int(value)
     except (TypeError, ValueError):
-        raise InvalidIdError(f"{label}: {value!r} is not an integer key") from None
+        raise InvalidIdError(f"{_label(field)}: {value!r} is not an integer key") from None
     if isinstance(value, float) and key != value:
-        raise InvalidIdError(f"{label}: {value!r} is not an integer key")
+        raise InvalidIdError(f"{_label(field)}: {value!r} is not an integer key")
     if not _BIGINT_MIN <= key <= _BIGINT_MAX:
         raise InvalidIdError(
-            f"{label}: key {key} does not fit a 64-bit BIGINT column "
+            f"{_label(field)}: key {key} does not fit a 64-bit BIGINT column "
             f"({_BIGINT_MIN}..{_BIGINT_MAX}); it would be truncated or refused by the database"
         )
     return key
+
+
+def _label(field: models.Field) -> str:
+    model = getattr(field, "model", None)
+    return f"{model._meta.label}.{field.name}" if model is not None else str(field.name)
 
 
 class SnowflakeAutoField(models.BigAutoField):
@@ -140,8 +154,8 @@ class SnowflakeAutoField(models.BigAutoField):
 
         ``save()`` gets None: the INSERT follows at once (no UPDATE probe, which Django makes
         for any object whose pk is set) and ``pre_save()`` puts the key into it and onto the
-        object. ``bulk_create()`` and raw saves (fixtures) never call ``pre_save()``, so they get
-        the key now.
+        object. ``bulk_create()`` sorts objects by whether they have a key before it writes
+        them, and raw saves (fixtures) skip ``pre_save()``: they get the key now.
         """
         if self.database_generated:
             return None
@@ -149,32 +163,45 @@ class SnowflakeAutoField(models.BigAutoField):
         if caller.f_code is _SAVE_TABLE_CODE and not caller.f_locals.get("raw"):
             return None
         key = snowflake_default()
-        setattr(instance._state, _BULK_KEY, key)
+        if caller.f_code is not _PREPARE_BULK_CODE:
+            return key
+        bulk_create = caller.f_back
+        cached_frame, conflicts = _last_bulk_create
+        if bulk_create is not cached_frame:  # the first object of this bulk_create
+            conflicts = _bulk_create_handles_conflicts(bulk_create)
+        if conflicts:
+            # bulk_create(ignore_conflicts=True) or update_conflicts=True: Django cannot tell
+            # which rows it wrote or which kept their old key. pre_save() puts the key into
+            # the INSERT and takes it off the object, whose pk stays None as an AutoField's.
+            instance._state.__dict__[_CONFLICT_KEY] = key
         return key
 
-    def get_placeholder(self, value: Any, compiler: Any, connection: BaseDatabaseWrapper) -> str:
-        """Django 5.2's insert compiler asks this for every key it writes (see _check_conflicts)."""
-        _check_conflicts(compiler)
-        return "%s"
-
-    def get_placeholder_sql(
-        self, value: Any, compiler: Any, connection: BaseDatabaseWrapper
-    ) -> tuple[str, Any]:
-        """Django 6.1's name for get_placeholder, returning the parameters too."""
-        _check_conflicts(compiler)
-        if hasattr(value, "as_sql"):
-            sql, params = compiler.compile(value)
-            return sql, params
-        return "%s", (value,)
-
     def pre_save(self, model_instance: Any, add: bool) -> Any:
+        """The key for the INSERT being built: made here for ``save()``."""
         value = getattr(model_instance, self.attname)
-        if value is None and add and not self.database_generated:
+        if not add or self.database_generated:
+            return value
+        if value is None:
             value = snowflake_default()
             setattr(model_instance, self.attname, value)
+            return value
+        global _last_bulk_create  # noqa: PLW0603
+        if _last_bulk_create[0] is not None:
+            _last_bulk_create = (None, False)
+        marks = model_instance._state.__dict__
+        # The mark of a bulk_create that failed before its INSERT must not unset the key of a
+        # later save(): only an INSERT that handles conflicts takes the key off the object.
+        if _CONFLICT_KEY in marks and marks.pop(_CONFLICT_KEY) == value and (
+            _insert_handles_conflicts()
+        ):
+            setattr(model_instance, self.attname, None)
         return value
 
     def get_db_prep_save(self, value: Any, connection: BaseDatabaseWrapper) -> Any:
+        if type(value) is int and _BIGINT_MIN <= value <= _BIGINT_MAX:
+            # Every key this field makes: what AutoFieldMixin.get_db_prep_value returns for an
+            # int, without its int() round (bulk_create calls this once per row).
+            return connection.ops.validate_autopk_value(value)
         return super().get_db_prep_save(_checked_key(self, value), connection)
 
     def get_internal_type(self) -> str:

@@ -209,3 +209,16 @@ def test_update_can_set_the_key_column(backend: str) -> None:
     customer = Customer.objects.create(name="ada")
     Customer.objects.filter(pk=customer.pk).update(id=customer.pk + 1)
     assert Customer.objects.get().pk == customer.pk + 1
+
+
+def test_a_failed_conflict_bulk_create_does_not_unset_a_later_save(backend: str) -> None:
+    customer = Customer.objects.create(name="ada")
+    first = Order(customer=customer)
+    with pytest.raises(ValueError, match="unsaved related object"):
+        Order.objects.bulk_create(
+            [first, Order(customer=Customer(name="unsaved"))], ignore_conflicts=True
+        )
+    key = first.pk  # given by the failed bulk_create (an AutoField's would still be None)
+    first.save()
+    assert first.pk is not None and first.pk == key
+    assert Order.objects.get().pk == key
