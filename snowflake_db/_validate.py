@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from .errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
@@ -26,3 +28,15 @@ def require_int(
     if maximum is not None and number > maximum:
         raise error(f"{name}={number} exceeds the maximum {maximum}{suffix}")
     return number
+
+
+def require_seconds(name: str, value: object, *, positive: bool = False) -> float:
+    """Return ``value`` as float seconds if it is a finite number, at least 0 (above 0 if
+    ``positive``); never a bool."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidArgumentTypeError(f"{name} must be a number of seconds, got {value!r}")
+    if value < 0:
+        raise InvalidArgumentError(f"{name} must be at least 0 seconds, got {value}")
+    if positive and value <= 0:
+        raise InvalidArgumentError(f"{name} must be more than 0 seconds, got {value}")
+    return float(value)

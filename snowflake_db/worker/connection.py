@@ -9,7 +9,6 @@ timeouts keep a hung network from blocking a renewal forever (the generator fenc
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +18,7 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from .retry import retry
 
 #: ``application_name`` of the allocator's PostgreSQL connections (see pg_stat_activity).
 APPLICATION_NAME = "snowflake_db worker leases"
@@ -146,15 +146,20 @@ def _enable_wal(cursor: Any) -> None:
     cursor.execute("PRAGMA journal_mode")
     if str(cursor.fetchone()[0]).lower() == "wal":
         return
-    for attempt in range(_WAL_ATTEMPTS):
-        try:
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.fetchall()
-            return
-        except sqlite3.OperationalError as error:
-            if "locked" not in str(error) and "busy" not in str(error):
-                raise
-            time.sleep(0.01 * (attempt + 1))
+
+    def switch() -> None:
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.fetchall()
+
+    def locked(error: Exception) -> bool:
+        text = str(error)
+        return isinstance(error, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+    try:
+        retry(switch, attempts=_WAL_ATTEMPTS, retryable=locked, pause=lambda n: 0.01 * n)
+    except sqlite3.OperationalError as error:
+        if not locked(error):
+            raise
 
 
 _WAL_ATTEMPTS = 20

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..clock import Clock
-    from ..layout import Layout
 
 logger = logging.getLogger("snowflake_db.worker")
 
@@ -44,7 +43,6 @@ class TableLease:
         high_water_ms: int,
         valid_until: float,
         next_renewal_at: float,
-        layout: Layout,
         clock: Clock,
         where: str,
         release: Callable[[TableLease], None],
@@ -57,7 +55,6 @@ class TableLease:
         self._high_water_ms = high_water_ms
         self._valid_until = valid_until
         self.next_renewal_at = next_renewal_at
-        self.layout = layout
         self.clock = clock
         self.pid = os.getpid()
         self.state = HELD
@@ -175,10 +172,6 @@ class Heartbeat:
         with self._condition:
             if lease in self._leases:
                 self._leases.remove(lease)
-            self._condition.notify_all()
-
-    def reschedule(self) -> None:
-        with self._condition:
             self._condition.notify_all()
 
     def stop(self, timeout: float = 5.0) -> None:

@@ -120,7 +120,7 @@ class Claim:
 
     worker_id: int
     token: str
-    registration_id: int
+    registration_id: int | None
     hostname: str
     pid: int
     lease_ms: int | None
@@ -310,15 +310,25 @@ class WorkerStore:
     # -- permanent reservations -----------------------------------------------------------------
 
     def release_reserved(
-        self, connection: Connection, *, worker_id: int, margin_ms: int, label: str | None
+        self,
+        connection: Connection,
+        *,
+        worker_id: int,
+        margin_ms: int,
+        label: str | None,
+        not_before_ms: int | None = None,
     ) -> bool:
-        """End a permanent reservation; its high-water mark becomes at least db-now + margin.
+        """End a permanent reservation; its high-water mark becomes at least db-now + margin
+        (and at least ``not_before_ms``).
 
         A server-side ID function issues with the database clock, so the next holder must start
         above the database's current time.
         """
         slots = self.tables.slots
         floor: ColumnElement[int] = db_now_ms() + literal(margin_ms, BigInteger())
+        if not_before_ms is not None:
+            given = literal(not_before_ms, BigInteger())
+            floor = case((floor > given, floor), else_=given)
         conditions = [
             slots.c.worker_id == worker_id,
             slots.c.lease_token.is_not(None),
