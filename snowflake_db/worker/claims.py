@@ -106,18 +106,29 @@ def acquire(
 
     ``where`` names the table and database in the exhaustion message.
     """
-    # The common case is one transaction: register, claim the preferred slot, commit.
-    registration_id, taken = retry_conflicts(
-        partial(
-            _register_and_claim,
+
+    def claim(worker_id: int, registration_id: int) -> Taken | None:
+        return claim_lease(
             connection,
             store,
+            worker_id=worker_id,
+            registration_id=registration_id,
             holder=holder,
             terms=terms,
-            layout=layout,
             clock=clock,
         )
-    )
+
+    def register_and_claim() -> tuple[int, Taken | None]:
+        # The common case is this one transaction: register, claim the preferred slot, commit.
+        with connection.begin():
+            registration_id = register(connection, store, holder)
+            return registration_id, claim(registration_id & layout.max_worker_id, registration_id)
+
+    def claim_committed(worker_id: int) -> Taken | None:
+        with connection.begin():
+            return claim(worker_id, registration_id)
+
+    registration_id, taken = retry_conflicts(register_and_claim)
     preferred = registration_id & layout.max_worker_id
     tally = Tally()
     for _ in range(SCAN_ROUNDS):
@@ -131,18 +142,7 @@ def acquire(
         if not candidates:
             break
         for worker_id in candidates:
-            taken = retry_conflicts(
-                partial(
-                    _claim_in_transaction,
-                    connection,
-                    store,
-                    worker_id=worker_id,
-                    registration_id=registration_id,
-                    holder=holder,
-                    terms=terms,
-                    clock=clock,
-                )
-            )
+            taken = retry_conflicts(partial(claim_committed, worker_id))
             if taken is not None:
                 return taken
     if taken is not None:
@@ -228,50 +228,6 @@ def claim_lease(
         high_water_ms=high_water_ms,
         started=started,
     )
-
-
-def _register_and_claim(
-    connection: Connection,
-    store: WorkerStore,
-    *,
-    holder: Holder,
-    terms: LeaseTerms,
-    layout: Layout,
-    clock: Clock,
-) -> tuple[int, Taken | None]:
-    with connection.begin():
-        registration_id = register(connection, store, holder)
-        return registration_id, claim_lease(
-            connection,
-            store,
-            worker_id=registration_id & layout.max_worker_id,
-            registration_id=registration_id,
-            holder=holder,
-            terms=terms,
-            clock=clock,
-        )
-
-
-def _claim_in_transaction(
-    connection: Connection,
-    store: WorkerStore,
-    *,
-    worker_id: int,
-    registration_id: int,
-    holder: Holder,
-    terms: LeaseTerms,
-    clock: Clock,
-) -> Taken | None:
-    with connection.begin():
-        return claim_lease(
-            connection,
-            store,
-            worker_id=worker_id,
-            registration_id=registration_id,
-            holder=holder,
-            terms=terms,
-            clock=clock,
-        )
 
 
 def _candidates(
