@@ -92,6 +92,10 @@ class AllocatorUnavailableError(SnowflakeError):
     """The worker-ID allocator's database could not be reached; there is no fallback worker ID."""
 
 
+class SnowflakeMigrationError(SnowflakeError):
+    """A Snowflake migration step cannot be carried out; the message says why and what to do."""
+
+
 # -- sharding ---------------------------------------------------------------------------------
 
 

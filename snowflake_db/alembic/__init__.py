@@ -7,7 +7,7 @@ Registers ``op.create_snowflake_worker_tables``, ``op.drop_snowflake_worker_tabl
 ``op.add_next_time_partition`` (see :mod:`snowflake_db.alembic.operations`).
 """
 
-from ._convert import SnowflakeMigrationError
+from ..errors import SnowflakeMigrationError
 from .autogenerate import include_object, process_revision_directives
 from .operations import (
     AddNextTimePartitionOp,

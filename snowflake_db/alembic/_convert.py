@@ -21,7 +21,7 @@ from sqlalchemy import BigInteger, Integer, func, select, text
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.types import TypeEngine
 
-from ..errors import InvalidArgumentError, SnowflakeError
+from ..errors import InvalidArgumentError, SnowflakeMigrationError
 
 if TYPE_CHECKING:
     from alembic.operations import Operations
@@ -32,10 +32,6 @@ __all__ = ["SnowflakeMigrationError", "convert_pk", "revert_pk"]
 RevertType = Literal["integer", "bigint"]
 
 _INT32_MAX = 2**31 - 1
-
-
-class SnowflakeMigrationError(SnowflakeError):
-    """A Snowflake migration step cannot be carried out; the message says why and what to do."""
 
 
 @dataclass
