@@ -22,8 +22,9 @@ from snowflake_db.alembic import (
 )
 from snowflake_db.sqlalchemy import snowflake_column, snowflake_fk_column
 from snowflake_db.worker.schema import worker_tables
-from tests.plugins.databases import ScratchDatabase
-from tests.test_alembic_migrations import INITIAL, converted_models, make_project, write_revision
+
+from .alembic_support import INITIAL, converted_models, make_project, write_revision
+from .plugins.databases import ScratchDatabase
 
 
 def _models() -> MetaData:

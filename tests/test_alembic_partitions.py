@@ -7,12 +7,20 @@ from pathlib import Path
 
 import pytest
 from alembic import command
+from alembic.autogenerate import render_python_code
+from alembic.operations import ops
 from sqlalchemy import create_engine, text
 
 import snowflake_db
-from snowflake_db.alembic import SnowflakeMigrationError
-from tests.plugins.databases import ScratchDatabase
-from tests.test_alembic_migrations import make_project, write_revision
+from snowflake_db.alembic import (
+    AddNextTimePartitionOp,
+    CreateShardPartitionedTableOp,
+    CreateTimePartitionedTableOp,
+    SnowflakeMigrationError,
+)
+
+from .alembic_support import make_project, write_revision
+from .plugins.databases import ScratchDatabase
 
 SHARDED = snowflake_db.Layout(time_bits=41, worker_bits=10, sequence_bits=8, shard_bits=4)
 DEFAULT = snowflake_db.Layout()
@@ -85,3 +93,33 @@ def test_partition_operations_refuse_other_databases(
     write_revision(config, "parts", None, "import datetime\n" + UP, DOWN)
     with pytest.raises(SnowflakeMigrationError, match="PostgreSQL only, not sqlite"):
         command.upgrade(config, "head")
+
+
+def test_partition_operations_render_and_reverse() -> None:
+    start = datetime(2026, 10, 15, tzinfo=UTC)
+    upgrade = ops.UpgradeOps(
+        ops=[
+            CreateShardPartitionedTableOp("orders", "id bigint NOT NULL", SHARDED),
+            CreateTimePartitionedTableOp(
+                "shop.events", "id bigint PRIMARY KEY", DEFAULT, start=start, periods=2
+            ),
+            AddNextTimePartitionOp("events", DEFAULT, period="week"),
+        ]
+    )
+    code = render_python_code(upgrade)
+    assert (
+        "op.create_shard_partitioned_table('orders', 'id bigint NOT NULL', "
+        "snowflake_db.Layout(sequence_bits=8, shard_bits=4))" in code
+    ), code
+    assert (
+        "op.create_time_partitioned_table('shop.events', 'id bigint PRIMARY KEY', "
+        f"snowflake_db.Layout(), start={start!r}, periods=2)" in code
+    ), code
+    assert "op.add_next_time_partition('events', snowflake_db.Layout(), period='week')" in code
+
+    downgrade = ops.DowngradeOps(ops=[op.reverse() for op in reversed(upgrade.ops[:2])])
+    code = render_python_code(downgrade)
+    assert "op.drop_table('events', schema='shop')" in code, code
+    assert "op.drop_table('orders')" in code, code
+    with pytest.raises(NotImplementedError, match="drop it by name"):
+        upgrade.ops[2].reverse()

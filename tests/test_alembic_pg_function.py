@@ -20,8 +20,9 @@ import snowflake_db.alembic
 from snowflake_db import Layout
 from snowflake_db.alembic import _pg_function
 from snowflake_db.worker.schema import worker_tables
-from tests.plugins.databases import ScratchDatabase
-from tests.test_alembic_migrations import INITIAL, make_project, write_revision
+
+from .alembic_support import INITIAL, make_project, write_revision
+from .plugins.databases import ScratchDatabase
 
 APP_WORKER = 4
 LAYOUT = Layout()

@@ -1,0 +1,64 @@
+"""``op.create_snowflake_worker_tables()`` / ``op.drop_snowflake_worker_tables()``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from alembic.operations import Operations
+from alembic.operations.ops import CreateTableOp, DropTableOp
+from sqlalchemy import MetaData
+
+from ...worker.schema import DEFAULT_REGISTRATIONS_TABLE, DEFAULT_SLOTS_TABLE, worker_tables
+from ._base import SnowflakeOp, operation
+
+
+@dataclasses.dataclass(eq=False)
+class _WorkerTablesOp(SnowflakeOp):
+    """Where the worker tables are (names as in :mod:`snowflake_db.worker.schema`)."""
+
+    _: dataclasses.KW_ONLY
+    slots_table: str = DEFAULT_SLOTS_TABLE
+    registrations_table: str = DEFAULT_REGISTRATIONS_TABLE
+    schema: str | None = None
+
+    def tables(self) -> tuple[Any, Any]:
+        tables = worker_tables(
+            MetaData(),
+            slots_table=self.slots_table,
+            registrations_table=self.registrations_table,
+            schema=self.schema,
+        )
+        return tables.slots, tables.registrations
+
+
+@operation("create_snowflake_worker_tables")
+@dataclasses.dataclass(eq=False)
+class CreateSnowflakeWorkerTablesOp(_WorkerTablesOp):
+    """Create the worker slots and registrations tables exactly as
+    :mod:`snowflake_db.worker.schema` defines them (works offline too)."""
+
+    def reverse(self) -> DropSnowflakeWorkerTablesOp:
+        return self.carry(DropSnowflakeWorkerTablesOp)
+
+
+@operation("drop_snowflake_worker_tables")
+@dataclasses.dataclass(eq=False)
+class DropSnowflakeWorkerTablesOp(_WorkerTablesOp):
+    """Drop the worker slots and registrations tables (every lease and high-water mark goes
+    with them)."""
+
+    def reverse(self) -> CreateSnowflakeWorkerTablesOp:
+        return self.carry(CreateSnowflakeWorkerTablesOp)
+
+
+@Operations.implementation_for(CreateSnowflakeWorkerTablesOp)
+def _create_worker_tables(operations: Operations, op: CreateSnowflakeWorkerTablesOp) -> None:
+    for table in op.tables():
+        operations.invoke(CreateTableOp.from_table(table))
+
+
+@Operations.implementation_for(DropSnowflakeWorkerTablesOp)
+def _drop_worker_tables(operations: Operations, op: DropSnowflakeWorkerTablesOp) -> None:
+    for table in reversed(op.tables()):
+        operations.invoke(DropTableOp.from_table(table))
