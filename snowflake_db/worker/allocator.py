@@ -125,7 +125,12 @@ class TableWorkerAllocator:
             max_floor_wait_ms=self.max_floor_wait_ms,
         )
         self._where = f"{self.store.tables.slots.name} at {safe_url_text(self.url)}"
-        forking.track(self)
+        forking.track(self._after_fork_in_child, self._close_at_exit)
+
+    @property
+    def create_tables_on_demand(self) -> bool:
+        """Whether missing worker tables are created (``create_tables``) or reported."""
+        return self._control.create_tables_on_demand
 
     # -- WorkerAllocator ------------------------------------------------------------------------
 
@@ -143,7 +148,7 @@ class TableWorkerAllocator:
         )
         # Committed: only now may the heartbeat renew it and the generator use it.
         self._heartbeat.add(lease)
-        self._wait_for_floor(lease, clock)
+        lease.wait_for_floor(self.max_floor_wait_ms)
         return lease
 
     # -- administration ----------------------------------------------------------------------
@@ -287,15 +292,6 @@ class TableWorkerAllocator:
             release=self._release,
             abandon=self._abandon,
         )
-
-    def _wait_for_floor(self, lease: TableLease, clock: Clock) -> None:
-        """Wait (bounded) until the clock is past the previous holder's high-water mark."""
-        floor = lease.floor_ms
-        if floor is None:
-            return
-        give_up = time.monotonic() + self.max_floor_wait_ms / 1000 + 0.05
-        while clock() <= floor and time.monotonic() < give_up:
-            time.sleep(min(0.05, max(0.001, (floor - clock() + 1) / 1000)))
 
     def _reserve(
         self, connection: Connection, *, label: str, layout: Layout, worker_id: int | None

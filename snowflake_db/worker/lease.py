@@ -110,6 +110,16 @@ class TableLease:
 
     # -- used by the allocator -------------------------------------------------------------
 
+    def wait_for_floor(self, max_wait_ms: int) -> None:
+        """Wait (bounded) until the clock is past the previous holder's high-water mark."""
+        floor = self._floor_ms
+        if floor is None:
+            return
+        clock = self.clock
+        give_up = time.monotonic() + max_wait_ms / 1000 + 0.05
+        while clock() <= floor and time.monotonic() < give_up:
+            time.sleep(min(0.05, max(0.001, (floor - clock() + 1) / 1000)))
+
     def renewed(self, *, started: float, valid_for: float, high_water_ms: int) -> None:
         """Record a renewal the database accepted (called with ``lock`` held)."""
         self._high_water_ms = max(self._high_water_ms, high_water_ms)
