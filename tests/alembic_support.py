@@ -151,3 +151,14 @@ def converted_models() -> MetaData:
         ),
     )
     return metadata
+
+
+#: The downgrade of :data:`INITIAL`.
+DROP_INITIAL = "op.drop_table('notes')\nop.drop_table('order_items')\nop.drop_table('orders')"
+
+
+def project_with_orders(tmp_path: Path, db: ScratchDatabase) -> Config:
+    """:func:`make_project` with revision ``r1``: serial-key orders, items and notes, with rows."""
+    config = make_project(tmp_path, db)
+    write_revision(config, "r1", None, INITIAL, DROP_INITIAL)
+    return config

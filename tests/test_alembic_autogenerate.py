@@ -23,7 +23,7 @@ from snowflake_db.alembic import (
 from snowflake_db.sqlalchemy import snowflake_column, snowflake_fk_column
 from snowflake_db.worker.schema import worker_tables
 
-from .alembic_support import INITIAL, converted_models, make_project, write_revision
+from .alembic_support import converted_models, make_project, project_with_orders, write_revision
 from .plugins.databases import ScratchDatabase
 
 
@@ -167,14 +167,7 @@ def test_autogenerate_turns_a_switched_model_into_a_conversion(
     backend: str, database_factory: object, tmp_path: Path
 ) -> None:
     db: ScratchDatabase = database_factory(backend)  # type: ignore[operator]
-    config = make_project(tmp_path, db)
-    write_revision(
-        config,
-        "r1",
-        None,
-        INITIAL,
-        "op.drop_table('notes')\nop.drop_table('order_items')\nop.drop_table('orders')",
-    )
+    config = project_with_orders(tmp_path, db)
     command.upgrade(config, "head")
     before = _snapshot_orders(db)
     # the application switched its models to the helpers: autogenerate proposes the conversion

@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 import snowflake_db
 from snowflake_db.alembic import SnowflakeMigrationError
 
-from .alembic_support import INITIAL, converted_models, make_project, write_revision
+from .alembic_support import converted_models, make_project, project_with_orders, write_revision
 from .plugins.databases import ScratchDatabase
 
 APP_WORKER = 12
@@ -110,14 +110,7 @@ def test_convert_serial_key_with_children_and_back(
     backend: str, database_factory: Any, tmp_path: Path
 ) -> None:
     db: ScratchDatabase = database_factory(backend)
-    config = make_project(tmp_path, db)
-    write_revision(
-        config,
-        "r1",
-        None,
-        INITIAL,
-        "op.drop_table('notes')\nop.drop_table('order_items')\nop.drop_table('orders')",
-    )
+    config = project_with_orders(tmp_path, db)
     write_revision(
         config,
         "r2",

@@ -21,7 +21,7 @@ from snowflake_db import Layout
 from snowflake_db.alembic import _pg_function
 from snowflake_db.worker.schema import worker_tables
 
-from .alembic_support import INITIAL, make_project, write_revision
+from .alembic_support import project_with_orders, write_revision
 from .plugins.databases import ScratchDatabase
 
 APP_WORKER = 4
@@ -51,14 +51,7 @@ def _run_ops(engine: Engine, action: Any) -> None:
 def test_migration_installs_function_as_server_default(
     postgres_db: ScratchDatabase, tmp_path: Path
 ) -> None:
-    config = make_project(tmp_path, postgres_db)
-    write_revision(
-        config,
-        "r1",
-        None,
-        INITIAL,
-        "op.drop_table('notes')\nop.drop_table('order_items')\nop.drop_table('orders')",
-    )
+    config = project_with_orders(tmp_path, postgres_db)
     write_revision(
         config,
         "r2",

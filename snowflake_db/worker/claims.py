@@ -54,6 +54,25 @@ class Holder:
     hostname: str
     pid: int
 
+    def claim(
+        self,
+        worker_id: int,
+        *,
+        registration_id: int | None,
+        lease_ms: int | None,
+        label: str | None = None,
+    ) -> Claim:
+        """A claim of ``worker_id`` with a fresh random token (``lease_ms=None``: permanent)."""
+        return Claim(
+            worker_id=worker_id,
+            token=secrets.token_hex(16),
+            registration_id=registration_id,
+            hostname=self.hostname,
+            pid=self.pid,
+            lease_ms=lease_ms,
+            label=label,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class LeaseTerms:
@@ -184,14 +203,7 @@ def claim_lease(
     (a duplicate key aborts the whole transaction on PostgreSQL otherwise, or a high-water mark
     too far ahead) undoes only the claim.
     """
-    claim = Claim(
-        worker_id=worker_id,
-        token=secrets.token_hex(16),
-        registration_id=registration_id,
-        hostname=holder.hostname,
-        pid=holder.pid,
-        lease_ms=terms.lease_ms,
-    )
+    claim = holder.claim(worker_id, registration_id=registration_id, lease_ms=terms.lease_ms)
     # Before the claim statement: the database computes the expiry later than this.
     started = time.monotonic()
     savepoint = connection.begin_nested()
@@ -302,14 +314,8 @@ def reserve(
         row = rows.get(candidate)
         if row is not None and (row.live or row.high_water_ms > row.db_now_ms):
             continue  # a hint only: the claim re-checks atomically
-        claim = Claim(
-            worker_id=candidate,
-            token=secrets.token_hex(16),
-            registration_id=registration_id,
-            hostname=holder.hostname,
-            pid=holder.pid,
-            lease_ms=None,
-            label=label,
+        claim = holder.claim(
+            candidate, registration_id=registration_id, lease_ms=None, label=label
         )
         high_water_ms = _claim_reserved(connection, store, claim)
         if high_water_ms is not None:
