@@ -281,6 +281,22 @@ def test_permanent_reservation(any_db: ScratchDatabase) -> None:
         assert row.state == "free" and row.high_water_ms >= before + 1000
 
 
+def test_released_reservation_keeps_a_mark_from_another_clock(any_db: ScratchDatabase) -> None:
+    """A function that ran on another database's clock (ahead of this one) hands its last time
+    over: the next holder of the slot starts above it, not just above this database's clock."""
+    layout = Layout(worker_bits=2)
+    with allocator(any_db) as alloc:
+        reserved = alloc.reserve_worker_id("function elsewhere", layout=layout, worker_id=2)
+        assert reserved == 2
+        ahead = database_now_ms(any_db.url) + 600_000
+        alloc.release_reserved(2, label="function elsewhere", issued_until_ms=ahead)
+        assert read_slots(any_db.url)[2].high_water_ms == ahead
+        with pytest.raises(InvalidArgumentError, match="issued_until_ms"):
+            alloc.release_reserved(2, issued_until_ms=-1)
+        with pytest.raises(WorkerIdExhaustedError, match=r"worker ID 2 .*cannot be reserved"):
+            alloc.reserve_worker_id("again", layout=layout, worker_id=2)  # mark ahead of the db
+
+
 def _run_with_worker_url(script: str, db: ScratchDatabase) -> subprocess.CompletedProcess[str]:
     """Run ``script`` in a fresh interpreter configured only by ``SNOWFLAKE_WORKER_URL``."""
     env = dict(os.environ, SNOWFLAKE_WORKER_URL=db.url_string, PYTHONPATH=REPO)
