@@ -27,15 +27,6 @@ _Op = TypeVar("_Op", bound="SnowflakeOp")
 
 #: ``field(metadata=NOT_RENDERED)``: an argument only ``reverse()`` uses, not ``op.<name>``'s.
 NOT_RENDERED = {"render": False}
-_LAYOUT_FIELDS = (
-    "time_bits",
-    "worker_bits",
-    "sequence_bits",
-    "shard_bits",
-    "datacenter_bits",
-    "epoch_ms",
-    "tick_ms",
-)
 
 
 @dataclasses.dataclass(eq=False)
@@ -131,10 +122,11 @@ def _source(autogen_context: AutogenContext, value: Any) -> str:
     """Python source that rebuilds ``value`` in a revision file (adding its import)."""
     if isinstance(value, Layout):
         autogen_context.imports.add("import snowflake_db")
+        defaults = DEFAULT_LAYOUT.as_kwargs()
         fields = {
-            name: getattr(value, name)
-            for name in _LAYOUT_FIELDS
-            if getattr(value, name) != getattr(DEFAULT_LAYOUT, name)
+            name: number
+            for name, number in value.as_kwargs().items()
+            if number != defaults[name]
         }
         inner = ", ".join(f"{key}={number!r}" for key, number in fields.items())
         return f"snowflake_db.Layout({inner})"
