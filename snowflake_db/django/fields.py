@@ -179,11 +179,10 @@ class SnowflakeAutoField(models.BigAutoField):
     def pre_save(self, model_instance: Any, add: bool) -> Any:
         """The key for the INSERT being built: made here for ``save()``."""
         value = getattr(model_instance, self.attname)
-        if not add or self.database_generated:
-            return value
         if value is None:
-            value = snowflake_default()
-            setattr(model_instance, self.attname, value)
+            if add and not self.database_generated:
+                value = snowflake_default()
+                setattr(model_instance, self.attname, value)
             return value
         global _last_bulk_create  # noqa: PLW0603
         if _last_bulk_create[0] is not None:
