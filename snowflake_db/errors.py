@@ -109,3 +109,10 @@ class UnknownShardError(ShardingError, InvalidArgumentError):
 
 class ForeignIdError(InvalidIdError):
     """An ID that cannot come from this router's layout (for example another epoch)."""
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+class CommandError(SnowflakeError):
+    """A mistake in a ``snowflake-db`` command line: reported on one line of stderr, exit 2."""

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -79,7 +80,7 @@ def test_errors_are_one_line_with_exit_status_2(
     assert "give --url" in capsys.readouterr().err
     assert main(["workers", "list", "--url", sqlite_db.url_string]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "do not exist" in err
+    assert err.count("\n") == 1 and "no worker tables" in err
     url = "postgresql+psycopg://snow:s3cret@127.0.0.1:1/control"
     assert main(["workers", "reap", "--url", url]) == 2
     err = capsys.readouterr().err
@@ -100,3 +101,95 @@ def test_console_command(sqlite_db: ScratchDatabase) -> None:
         )
         assert result.returncode == 0, result.stderr
         assert f"\n{lease.worker_id} " in result.stdout and " live " in result.stdout
+
+
+def _plain_url(database: ScratchDatabase, scheme: str) -> str:
+    """The scratch database's URL as a platform's DATABASE_URL spells it (no driver)."""
+    return database.url.set(drivername=scheme).render_as_string(hide_password=False)
+
+
+@pytest.mark.parametrize(("backend", "scheme"),
+                         [("postgresql", "postgres"), ("postgresql", "postgresql"),
+                          ("mariadb", "mysql"), ("mariadb", "mariadb")])
+def test_database_url_forms_map_to_the_installed_driver(
+    backend: str, scheme: str, database_factory: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    database: ScratchDatabase = database_factory(backend)
+    with allocator(database) as alloc:
+        lease = alloc.acquire(layout=Layout(), clock=MonotonicClock())
+        assert main(["workers", "list", "--json", "--url", _plain_url(database, scheme)]) == 0
+        records = json.loads(capsys.readouterr().out)
+        assert [r["worker_id"] for r in records if r["state"] == "live"] == [lease.worker_id]
+
+
+def test_worker_url_from_the_environment_takes_the_same_forms(postgres_db: ScratchDatabase) -> None:
+    with allocator(postgres_db) as alloc:
+        lease = alloc.acquire(layout=Layout(), clock=MonotonicClock())
+        env = dict(os.environ, PYTHONPATH=REPO,
+                   SNOWFLAKE_WORKER_URL=_plain_url(postgres_db, "postgres"))
+        result = subprocess.run([sys.executable, "-m", "snowflake_db.cli", "workers", "list"],
+                                capture_output=True, text=True, env=env, timeout=60, check=False)
+        assert result.returncode == 0, result.stderr
+        assert f"\n{lease.worker_id} " in result.stdout
+
+
+#: (URL, what the one line of stderr must say). PGHOST/PGPORT point nowhere during these, so a
+#: URL the CLI failed to refuse could not reach the shared server through libpq's defaults.
+BAD_URLS = [
+    ("foo://user@host/db", "--url foo://user@host/db: unknown database 'foo'; use postgresql://"),
+    ("oracle://u@h/db", "unknown database 'oracle'"),
+    ("not a url", "--url 'not a url' is not a database URL; use postgresql://"),
+    ("postgres:///control", "--url postgres:///control names no host"),
+    ("postgres://app@db.example", "--url postgres://app@db.example names no database"),
+    ("mysql://root@/control", "--url mysql://root@/control names no host"),
+    ("mariadb://root@127.0.0.1", "names no database; add /DBNAME"),
+    ("sqlite://", "names no SQLite file; use sqlite:///PATH"),
+    ("sqlite:///:memory:", "names no SQLite file"),
+    ("postgresql+nosuchdriver://u@h/db", "nosuchdriver"),
+    ("postgres://snow:s3cret@127.0.0.1:1/control", "postgresql+psycopg://snow:***@127.0.0.1:1/"),
+]
+
+
+@pytest.mark.parametrize(("url", "expected"), BAD_URLS)
+def test_bad_urls_are_one_line_and_exit_status_2(url: str, expected: str) -> None:
+    env = dict(os.environ, PYTHONPATH=REPO, PGHOST="127.0.0.1", PGPORT="1")
+    env.pop("SNOWFLAKE_WORKER_URL", None)
+    result = subprocess.run([sys.executable, "-m", "snowflake_db.cli", "workers", "list",
+                             "--url", url], capture_output=True, text=True, env=env, timeout=60,
+                            check=False)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert line.startswith("snowflake-db workers: error: ")
+    assert expected in line
+    assert "s3cret" not in line
+
+
+def test_bad_url_in_the_environment_names_the_variable() -> None:
+    env = dict(os.environ, PYTHONPATH=REPO, PGHOST="127.0.0.1", PGPORT="1",
+               SNOWFLAKE_WORKER_URL="postgres:///control")
+    result = subprocess.run([sys.executable, "-m", "snowflake_db.cli", "workers", "reap"],
+                            capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "snowflake-db workers: error: SNOWFLAKE_WORKER_URL=postgres:///control names no host; "
+        "write it out (e.g. postgresql://USER@127.0.0.1/DB) rather than relying on the "
+        "driver's defaults\n"
+    )
+
+
+def test_empty_control_database_says_where_tables_come_from(
+    postgres_db: ScratchDatabase, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["workers", "list", "--url", postgres_db.url_string]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "no worker tables (snowflake_worker_slots, snowflake_worker_registrations)" in err
+    assert "create_tables" not in err  # not an option of this command
+
+
+def test_help_names_the_url_forms() -> None:
+    result = subprocess.run([sys.executable, "-m", "snowflake_db.cli", "workers", "list",
+                             "--help"], capture_output=True, text=True, timeout=60, check=False,
+                            env=dict(os.environ, PYTHONPATH=REPO, COLUMNS="200"))
+    assert "postgres:// and mysql:// use the installed driver" in result.stdout

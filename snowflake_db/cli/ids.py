@@ -4,16 +4,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from datetime import datetime
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
-from ..errors import InvalidIdError
+from ..errors import CommandError, InvalidIdError
 from ..generator import SnowflakeGenerator
-from ..layout import DEFAULT_EPOCH_MS, Layout, to_unix_ms
-from . import CommandError
+from ..layout import DEFAULT_EPOCH_MS, USABLE_BITS, Layout, to_unix_ms
+from ..process import WORKER_ID_ENV
 
 _MAX_GENERATE = 10_000_000
+
+
+#: (name, minimum, maximum) of each integer layout option; checked here so that a message names
+#: the option as typed and its real limits.
+_LAYOUT_INT_OPTIONS = (
+    ("time_bits", 1, USABLE_BITS),
+    ("worker_bits", 0, USABLE_BITS),
+    ("sequence_bits", 0, USABLE_BITS),
+    ("shard_bits", 0, USABLE_BITS),
+    ("datacenter_bits", 0, USABLE_BITS),
+    ("tick_ms", 1, None),
+)
+#: An ID this far ahead of the local clock is taken as decoded with the wrong layout.
+_FUTURE_SLACK_MS = 60_000
 
 
 def add_layout_options(parser: argparse.ArgumentParser) -> None:
@@ -27,32 +44,65 @@ def add_layout_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--epoch",
         default=str(DEFAULT_EPOCH_MS),
-        help="ISO 8601 time with a zone (e.g. 2020-01-01T00:00:00Z) or Unix milliseconds",
+        help="Unix milliseconds, or an ISO 8601 date or time; without a zone it means UTC "
+        "(2020-01-01 is 2020-01-01T00:00:00Z)",
     )
     group.add_argument("--tick-ms", type=int, default=defaults.tick_ms, metavar="MS")
 
 
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def layout_from_args(args: argparse.Namespace) -> Layout:
+    for name, minimum, maximum in _LAYOUT_INT_OPTIONS:
+        value = getattr(args, name)
+        if value < minimum:
+            raise CommandError(f"{_option(name)} {value} is below the minimum {minimum}")
+        if maximum is not None and value > maximum:
+            raise CommandError(f"{_option(name)} {value} exceeds the maximum {maximum}")
+    epoch_ms = parse_epoch(args.epoch)
+    now_ms = time.time_ns() // 1_000_000
+    if epoch_ms < 0:
+        raise CommandError(
+            f"--epoch {args.epoch} lies before 1970-01-01T00:00:00Z; give Unix milliseconds "
+            "from 0 or an ISO date such as 2020-01-01"
+        )
+    if epoch_ms > now_ms:
+        raise CommandError(
+            f"--epoch {args.epoch} must not lie in the future (now is "
+            f"{_iso(now_ms)}): IDs count time from the epoch"
+        )
     return Layout(
         time_bits=args.time_bits,
         worker_bits=args.worker_bits,
         sequence_bits=args.sequence_bits,
         shard_bits=args.shard_bits,
         datacenter_bits=args.datacenter_bits,
-        epoch_ms=_parse_epoch(args.epoch),
+        epoch_ms=epoch_ms,
         tick_ms=args.tick_ms,
     )
 
 
-def _parse_epoch(text: str) -> int:
-    if text.lstrip("-").isdigit():
-        return int(text)
+def _iso(ms: int) -> str:
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_epoch(text: str) -> int:
+    """Unix milliseconds from ``--epoch``: an integer, or ISO 8601 where no zone means UTC."""
+    stripped = text.strip()
+    if stripped.lstrip("-").isdigit():
+        return int(stripped)
     try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        moment = datetime.fromisoformat(stripped)
     except ValueError:
         raise CommandError(
-            f"--epoch {text!r} is neither Unix milliseconds nor an ISO 8601 time"
+            f"--epoch {text!r} is neither Unix milliseconds nor an ISO 8601 date or time "
+            "(e.g. 2020-01-01 or 2020-01-01T00:00:00Z)"
         ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
     return to_unix_ms(moment, "--epoch")
 
 
@@ -63,10 +113,31 @@ def _parse_id_text(text: str) -> int:
     return int(stripped)
 
 
+def _id_texts(arguments: list[str]) -> Iterator[str]:
+    """The IDs given, ``-`` standing for whitespace-separated IDs read from stdin."""
+    for argument in arguments:
+        if argument == "-":
+            for line in sys.stdin:
+                yield from line.split()
+        else:
+            yield argument
+
+
+def _suspicion(layout: Layout, snowflake_id: int, timestamp_ms: int, now_ms: int) -> str | None:
+    """Why a decoded ID looks as if it came from another layout or epoch, if it does."""
+    if timestamp_ms > now_ms + _FUTURE_SLACK_MS:
+        return f"decodes to {_iso(timestamp_ms)}, in the future"
+    if snowflake_id >> layout.time_shift == 0:
+        return f"decodes to the epoch itself ({layout.epoch.isoformat()}: no time part)"
+    return None
+
+
 def _parse(args: argparse.Namespace) -> int:
     layout = layout_from_args(args)
     decoded: list[dict[str, Any]] = []
-    for text in args.ids:
+    warnings: list[str] = []
+    now_ms = time.time_ns() // 1_000_000
+    for text in _id_texts(args.ids):
         part = layout.decode(_parse_id_text(text))
         row: dict[str, Any] = {
             "id": str(part.id) if args.json else part.id,
@@ -80,12 +151,24 @@ def _parse(args: argparse.Namespace) -> int:
             row["datacenter_id"] = part.datacenter_id
             row["machine_id"] = part.machine_id
         decoded.append(row)
+        suspicion = _suspicion(layout, part.id, part.timestamp_ms, now_ms)
+        if suspicion is not None:
+            warnings.append(f"ID {part.id} {suspicion}")
+    if not decoded:
+        raise CommandError("no ID given (on stdin for 'parse -')")
     if args.json:
         # IDs as strings: JSON consumers such as JavaScript lose precision above 2**53.
         json.dump(decoded, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         _print_table(decoded)
+    sys.stdout.flush()  # the table before the warnings when both go to a terminal
+    for warning in warnings:
+        print(
+            f"snowflake-db parse: warning: {warning}: wrong layout or epoch? "
+            "(see --epoch and the --*-bits options)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -97,11 +180,37 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         print("  ".join(str(row[c]).ljust(widths[c]) for c in columns))
 
 
+def _worker_id(args: argparse.Namespace, layout: Layout) -> int:
+    """``--worker-id``, else ``$SNOWFLAKE_WORKER_ID``; a message names whichever was used."""
+    if args.worker_id is not None:
+        if not 0 <= args.worker_id <= layout.max_worker_id:
+            raise CommandError(f"--worker-id {args.worker_id} is outside 0..{layout.max_worker_id}"
+                               f" ({layout.worker_bits} worker bits)")
+        return int(args.worker_id)
+    raw = os.environ.get(WORKER_ID_ENV, "").strip()
+    if not raw:
+        raise CommandError(f"give --worker-id W (or set {WORKER_ID_ENV})")
+    try:
+        worker_id = int(raw)
+    except ValueError:
+        raise CommandError(
+            f"{WORKER_ID_ENV}={raw!r} is not an integer; set it to 0..{layout.max_worker_id} "
+            "or pass --worker-id W"
+        ) from None
+    if not 0 <= worker_id <= layout.max_worker_id:
+        raise CommandError(
+            f"{WORKER_ID_ENV}={worker_id} is outside 0..{layout.max_worker_id} "
+            f"({layout.worker_bits} worker bits); "
+            "set it within that range or pass --worker-id W"
+        )
+    return worker_id
+
+
 def _generate(args: argparse.Namespace) -> int:
     if not 1 <= args.n <= _MAX_GENERATE:
         raise CommandError(f"-n {args.n} is outside 1..{_MAX_GENERATE:,}")
     layout = layout_from_args(args)
-    generator = SnowflakeGenerator(args.worker_id, layout=layout)
+    generator = SnowflakeGenerator(_worker_id(args, layout), layout=layout)
     sys.stdout.write("\n".join(map(str, generator.next_ids(args.n))))
     sys.stdout.write("\n")
     return 0
@@ -122,7 +231,9 @@ def _layout(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parse = subparsers.add_parser("parse", help="decode IDs into time, worker, sequence, shard")
-    parse.add_argument("ids", nargs="+", metavar="ID")
+    parse.add_argument(
+        "ids", nargs="+", metavar="ID", help="decimal IDs; - reads IDs from stdin"
+    )
     parse.add_argument("--json", action="store_true", help="JSON output (IDs as strings)")
     add_layout_options(parse)
     parse.set_defaults(handler=_parse)
@@ -133,7 +244,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "with the same worker ID)",
     )
     generate.add_argument("-n", type=int, default=1, help="how many IDs (default 1)")
-    generate.add_argument("--worker-id", type=int, required=True, metavar="W")
+    generate.add_argument(
+        "--worker-id", type=int, default=None, metavar="W", help=f"default: ${WORKER_ID_ENV}"
+    )
     add_layout_options(generate)
     generate.set_defaults(handler=_generate)
 

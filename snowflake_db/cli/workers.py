@@ -11,8 +11,9 @@ import os
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from ..errors import AllocatorUnavailableError, CommandError
 from ..process import WORKER_URL_ENV
-from . import CommandError
+from .urls import URL_FORMS, resolve_url
 
 if TYPE_CHECKING:
     from ..worker import SlotRow, TableWorkerAllocator
@@ -47,8 +48,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _add_table_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
-        default=os.environ.get(WORKER_URL_ENV),
-        help=f"SQLAlchemy URL of the control database (default: ${WORKER_URL_ENV})",
+        default=None,
+        help=f"the control database: {URL_FORMS}; postgres:// and mysql:// use the installed "
+        f"driver (psycopg or psycopg2, PyMySQL or mysqlclient); SQLAlchemy URLs with a driver "
+        f"(postgresql+psycopg://) work too (default: ${WORKER_URL_ENV})",
     )
     parser.add_argument("--slots-table", default=None, metavar="NAME")
     parser.add_argument("--registrations-table", default=None, metavar="NAME")
@@ -56,7 +59,11 @@ def _add_table_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _allocator(args: argparse.Namespace) -> TableWorkerAllocator:
-    if not args.url:
+    if args.url:
+        url = resolve_url(args.url, "--url ")
+    elif os.environ.get(WORKER_URL_ENV, "").strip():
+        url = resolve_url(os.environ[WORKER_URL_ENV], f"{WORKER_URL_ENV}=")
+    else:
         raise CommandError(f"give --url URL (or set {WORKER_URL_ENV})")
     try:
         from ..worker import DEFAULT_REGISTRATIONS_TABLE, DEFAULT_SLOTS_TABLE, TableWorkerAllocator
@@ -64,7 +71,7 @@ def _allocator(args: argparse.Namespace) -> TableWorkerAllocator:
         raise CommandError(str(error)) from None
     try:
         return TableWorkerAllocator(
-            args.url,
+            url,
             slots_table=args.slots_table or DEFAULT_SLOTS_TABLE,
             registrations_table=args.registrations_table or DEFAULT_REGISTRATIONS_TABLE,
             schema=args.schema,
@@ -72,6 +79,31 @@ def _allocator(args: argparse.Namespace) -> TableWorkerAllocator:
         )
     except ModuleNotFoundError as error:
         raise CommandError(str(error)) from None
+
+
+def _explain_missing_tables(
+    allocator: TableWorkerAllocator, error: AllocatorUnavailableError
+) -> Exception:
+    """A database without the worker tables: say where they come from (not an API option)."""
+    from sqlalchemy import inspect
+
+    from ..worker.connection import safe_url_text
+
+    tables = (allocator.store.tables.slots, allocator.store.tables.registrations)
+    try:
+        with allocator._engine.connect() as connection:
+            inspector = inspect(connection)
+            missing = [t.name for t in tables if not inspector.has_table(t.name, t.schema)]
+    except Exception:
+        return error  # the database itself is the problem: the allocator's message says so
+    if not missing:
+        return error
+    return CommandError(
+        f"no worker tables ({', '.join(missing)}) in {safe_url_text(allocator.url)}: no process "
+        "has leased a worker ID there yet, or this is not the control database (check the URL, "
+        "--schema, --slots-table); a migration (snowflake_db.alembic, the snowflake_db Django "
+        "app) or the first process that leases a worker ID creates them"
+    )
 
 
 def _iso(ms: int | None) -> str | None:
@@ -104,6 +136,8 @@ def _list(args: argparse.Namespace) -> int:
     allocator = _allocator(args)
     try:
         rows = allocator.workers()
+    except AllocatorUnavailableError as error:
+        raise _explain_missing_tables(allocator, error) from None
     finally:
         allocator.close()
     records = [_as_dict(row) for row in rows]
@@ -144,6 +178,8 @@ def _reap(args: argparse.Namespace) -> int:
     try:
         reaped = allocator.reap()
         pruned = None if days is None else allocator.prune_registrations(days * 86_400)
+    except AllocatorUnavailableError as error:
+        raise _explain_missing_tables(allocator, error) from None
     finally:
         allocator.close()
     if args.json:
