@@ -6,13 +6,14 @@ import argparse
 import multiprocessing
 import os
 import queue as queue_module
-import shutil
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from snowflake_db import Layout
 from snowflake_db.sharding import ShardRouter
@@ -25,6 +26,10 @@ CONTROL_URL_ENV = "SHOP_CONTROL_URL"
 SHARD_URLS_ENV = "SHOP_SHARD_URLS"  # comma- or space-separated
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA_DIR = HERE / "var"
+#: Written into every SQLite directory the demo makes: only such a directory is ever cleared.
+MARKER = ".snowflake-db-demo"
+#: The files the demo creates there (SQLite databases and their WAL and shared-memory files).
+DEMO_FILE = re.compile(r"(control|shard\d+)\.sqlite3(-wal|-shm|-journal)?")
 
 
 class BadInputError(Exception):
@@ -87,17 +92,64 @@ def parse_options(
     if not control:
         if args.shards < 1:
             raise BadInputError(f"--shards={args.shards}: need at least one shard")
-        directory = (args.data_dir or DEFAULT_DATA_DIR) / data_subdir
-        shutil.rmtree(directory, ignore_errors=True)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = prepare_data_dir(args.data_dir, data_subdir)
         control = f"sqlite:///{directory / 'control.sqlite3'}"
         shards = [f"sqlite:///{directory / f'shard{i}.sqlite3'}" for i in range(args.shards)]
+    control = normalise_url(control, "--control-url")
+    shards = [normalise_url(url, "--shard-url") for url in shards]
     for name, value, minimum in (("processes", args.processes, 1), ("orders", args.orders, 1),
                                  ("customers", args.customers, 1)):
         if value < minimum:
             raise BadInputError(f"--{name}={value}: must be at least {minimum}")
     return Options(control, shards, args.processes, args.orders, args.customers,
                    args.find, args.shard, args.quiet)
+
+
+def prepare_data_dir(data_dir: Path | None, subdir: str) -> Path:
+    """The SQLite directory for this run, emptied of the demo's own files from a previous run.
+
+    Nothing the demo did not create is ever deleted: a directory without the demo's marker
+    must be empty (or, for the default ``example_project/var``, hold only the demo's files).
+    """
+    directory = (data_dir or DEFAULT_DATA_DIR) / subdir
+    if directory.exists() and not directory.is_dir():
+        raise BadInputError(f"--data-dir: {directory} is a file, not a directory")
+    if directory.is_dir():
+        entries = [entry for entry in directory.iterdir() if entry.name != MARKER]
+        ours = (directory / MARKER).exists() or data_dir is None
+        foreign = [e.name for e in entries if not (ours and DEMO_FILE.fullmatch(e.name))]
+        if foreign:
+            raise BadInputError(
+                f"--data-dir: {directory} already holds files this demo did not create "
+                f"({', '.join(sorted(foreign)[:3])}{', ...' if len(foreign) > 3 else ''}); "
+                "give a new or empty directory"
+            )
+        for entry in entries:
+            entry.unlink()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / MARKER).write_text(
+            "Created by the snowflake_db demo, which deletes only its own *.sqlite3 files here.\n"
+        )
+    except OSError as error:
+        raise BadInputError(f"--data-dir: cannot use {directory}: {error.strerror}") from None
+    return directory
+
+
+def normalise_url(url: str, option: str) -> str:
+    """A SQLAlchemy URL with a driver: ``postgres://`` and ``mysql://`` as the CLI reads them."""
+    from snowflake_db.cli.urls import resolve_url
+    from snowflake_db.errors import CommandError
+
+    try:
+        return resolve_url(url, f"{option} ").render_as_string(hide_password=False)
+    except CommandError as error:
+        raise BadInputError(str(error)) from None
+
+
+def plural(count: int, word: str, plural_form: str | None = None) -> str:
+    """``1 shard``, ``2 shards``."""
+    return f"{count} {word if count == 1 else plural_form or word + 's'}"
 
 
 def check_find_and_shard(options: Options, router: ShardRouter) -> list[int]:
@@ -135,9 +187,10 @@ class Progress:
     """A plain-text progress bar on stderr (no third-party package)."""
 
     def __init__(self, total: int, label: str, *, enabled: bool = True, width: int = 30) -> None:
-        self.total, self.label, self.enabled, self.width = total, label, enabled, width
+        # Frames only on a terminal: redirected to a file they would be noise, not a bar.
+        self.enabled = enabled and sys.stderr.isatty()
+        self.total, self.label, self.width = total, label, width
         self.done = 0
-        self.started = time.perf_counter()
         self._last_draw = 0.0
 
     def advance(self, count: int) -> None:
@@ -151,9 +204,9 @@ class Progress:
         if not self.enabled:
             return
         filled = self.width * self.done // max(self.total, 1)
-        rate = self.done / max(time.perf_counter() - self.started, 1e-9)
         bar = "#" * filled + "." * (self.width - filled)
-        sys.stderr.write(f"\r{self.label} [{bar}] {self.done}/{self.total} {rate:,.0f}/s")
+        # No rate here: the one throughput figure is printed once all processes are done.
+        sys.stderr.write(f"\r{self.label} [{bar}] {self.done}/{self.total}")
         sys.stderr.flush()
 
     def finish(self) -> None:
@@ -178,10 +231,15 @@ class Checks:
     @property
     def exit_status(self) -> int:
         if self.failures:
-            print(f"{len(self.failures)} check(s) failed", file=sys.stderr)
+            print(f"{plural(len(self.failures), 'check')} failed", file=sys.stderr)
             return 1
         print("all checks passed")
         return 0
+
+
+def report_worker(queue: Any, seed: int, worker_id: int) -> None:
+    """Tell the parent which worker ID this order process leased (see the queue protocol)."""
+    queue.put((seed, os.getpid(), worker_id))
 
 
 def iso(unix_ms: int) -> str:
@@ -198,9 +256,10 @@ def place_orders_in_processes(
 ) -> tuple[list[int], float]:
     """Run ``child(options, customer_ids, count, seed, queue)`` in spawned processes at once.
 
-    A child puts ints (orders placed, for the progress bar) and finally the list of its order
-    IDs on the queue. Returns every placed ID and the elapsed seconds; a failed child stops the
-    wait (its traceback is on stderr) and the verification that follows reports the shortfall.
+    A child first puts ``(seed, pid, worker ID it leased)`` on the queue, then ints (orders
+    placed, for the progress bar) and finally the list of its order IDs. Returns every placed
+    ID and the elapsed seconds; a failed child stops the wait (its traceback is on stderr) and
+    the verification that follows reports the shortfall.
     """
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
@@ -214,6 +273,7 @@ def place_orders_in_processes(
         process.start()
     bar = Progress(options.orders, "placing orders", enabled=not options.quiet)
     placed: list[int] = []
+    leased: list[tuple[int, int, int]] = []
     finished = 0
     while finished < len(processes):
         try:
@@ -225,6 +285,8 @@ def place_orders_in_processes(
             continue
         if isinstance(message, int):
             bar.advance(message)
+        elif isinstance(message, tuple):
+            leased.append(message)
         else:
             placed.extend(message)
             finished += 1
@@ -232,4 +294,6 @@ def place_orders_in_processes(
     bar.finish()
     for process in processes:
         process.join(timeout=60)
+    for seed, pid, worker_id in sorted(leased):
+        print(f"  order process {seed + 1} (pid {pid}) leased worker ID {worker_id}")
     return placed, elapsed

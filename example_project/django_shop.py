@@ -25,6 +25,8 @@ from .common import (
     one_line,
     parse_options,
     place_orders_in_processes,
+    plural,
+    report_worker,
 )
 
 BATCH = 50
@@ -80,7 +82,10 @@ def place_orders(
 
 
 def _child(options: Options, customer_ids: list[int], count: int, seed: int, queue: Any) -> None:
-    setup_django(options)  # the snowflake_db app leases this process's worker ID on first use
+    setup_django(options)  # the snowflake_db app configures a table allocator from settings
+    import snowflake_db
+
+    report_worker(queue, seed, snowflake_db.get_generator().ensure_worker())
     queue.put(place_orders(customer_ids=customer_ids, count=count, seed=seed,
                            progress=queue.put))
 
@@ -142,8 +147,9 @@ def run(options: Options) -> int:
     router = get_shard_router()
     find_ids = check_find_and_shard(options, router)
     aliases: list[str] = list(settings.SHARD_ALIASES)
-    print(f"Django shop: {len(aliases)} shard database(s), {router.logical_shards} logical "
-          f"shards, worker table on {display_url(options.control_url)}")
+    print(f"Django shop: {plural(len(aliases), 'shard database')}, "
+          f"{plural(router.logical_shards, 'logical shard')}, worker table on "
+          f"{display_url(options.control_url)}")
     for alias, url in zip(aliases, options.shard_urls, strict=True):
         print(f"  {alias}: {display_url(url)}  logical shards {router.shards_on(alias)}")
     migrate(options, aliases)
@@ -152,6 +158,10 @@ def run(options: Options) -> int:
         [Customer(name=f"customer {i}") for i in range(options.customers)]
     )
     customer_ids = [c.pk for c in customers]
+    import snowflake_db
+
+    print(f"  this process (pid {os.getpid()}) leased worker ID "
+          f"{snowflake_db.get_generator().worker_id} for the customers")
     from django.db import connections
 
     connections.close_all()  # no connection is shared with the spawned processes
@@ -170,7 +180,7 @@ def verify(
 
     router = get_shard_router()
     checks = Checks()
-    print(f"placed {len(placed)} orders in {elapsed:.2f} s: "
+    print(f"placed {plural(len(placed), 'order')} in {elapsed:.2f} s: "
           f"{len(placed) / max(elapsed, 1e-9):,.0f} orders/s")
     checks.check(len(placed) == options.orders,
                  f"{options.orders} orders reported by the processes")
@@ -198,7 +208,7 @@ def verify(
             except Order.DoesNotExist:
                 order, items = None, []
         if order_id in find_ids:
-            found = f"on {expected}, {len(items)} item(s)" if order else "not found"
+            found = f"on {expected}, {plural(len(items), 'item')}" if order else "not found"
             print(f"  --find {order_id}: {found} (queried {sorted(counts)})")
         elif order is None or set(counts) != {expected} or not items:
             wrong.append(order_id)
@@ -210,7 +220,7 @@ def verify(
         of_customer = list(Order.objects.filter(customer_id=customer_id))
     checks.check(len(counts) == 1 and bool(of_customer),
                  f"orders of customer {customer_id}: {len(of_customer)} found querying "
-                 f"{len(counts)} shard")
+                 f"{plural(len(counts), 'shard')}")
 
     times = sorted(router.layout.decode(i).timestamp_ms for i in placed)
     start, end = times[0], times[len(times) // 2]
@@ -220,7 +230,8 @@ def verify(
     low, high = router.id_range(start, end)
     checks.check(in_window == expected_count,
                  f"time range {iso(start)}..{iso(end)}: {in_window} orders (expected "
-                 f"{expected_count}) via id BETWEEN {low} AND {high} on {len(counts)} shards")
+                 f"{expected_count}) via id BETWEEN {low} AND {high} on "
+                 f"{plural(len(counts), 'shard')}")
 
     if options.shard is not None:
         target = router.target_of_shard(options.shard)

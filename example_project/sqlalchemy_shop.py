@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from collections import Counter
@@ -32,6 +33,8 @@ from .common import (
     one_line,
     parse_options,
     place_orders_in_processes,
+    plural,
+    report_worker,
 )
 
 
@@ -150,7 +153,7 @@ def place_orders(
 def _child(options: Options, customer_ids: list[int], count: int, seed: int, queue: Any) -> None:
     from .workers import configure_worker
 
-    configure_worker(options.control_url)
+    report_worker(queue, seed, configure_worker(options.control_url).ensure_worker())
     router = options.router()
     engines = {n: make_engine(u) for n, u in options.shard_urls_by_name.items()}
     factory = session_factory(router, engines)
@@ -185,8 +188,9 @@ def run(options: Options) -> int:
     )
     control = engines.pop("control")
     control.dispose()
-    print(f"SQLAlchemy shop: {len(engines)} shard database(s), {router.logical_shards} logical "
-          f"shards, worker table on {display_url(options.control_url)}")
+    print(f"SQLAlchemy shop: {plural(len(engines), 'shard database')}, "
+          f"{plural(router.logical_shards, 'logical shard')}, worker table on "
+          f"{display_url(options.control_url)}")
     for name, url in zip(options.shard_names, options.shard_urls, strict=True):
         print(f"  {name}: {display_url(url)}  logical shards {router.shards_on(name)}")
 
@@ -197,7 +201,9 @@ def run(options: Options) -> int:
 
     from .workers import configure_worker
 
-    configure_worker(options.control_url)
+    generator = configure_worker(options.control_url)
+    print(f"  this process (pid {os.getpid()}) leased worker ID {generator.ensure_worker()} "
+          "for the customers")
     factory = session_factory(router, engines)
     with factory() as session, session.begin():
         customers = [Customer(name=f"customer {i}") for i in range(options.customers)]
@@ -216,7 +222,8 @@ def verify(
     factory: sessionmaker[ShardedSession], placed: list[int], elapsed: float, find_ids: list[int],
 ) -> int:
     checks = Checks()
-    print(f"placed {len(placed)} orders in {elapsed:.2f} s: {len(placed) / elapsed:,.0f} orders/s")
+    print(f"placed {plural(len(placed), 'order')} in {elapsed:.2f} s: "
+          f"{len(placed) / max(elapsed, 1e-9):,.0f} orders/s")
     checks.check(len(placed) == options.orders,
                  f"{options.orders} orders reported by the processes")
 
@@ -244,7 +251,7 @@ def verify(
                 items = list(order.items) if order is not None else []
             expected = router.target_for_id(order_id)
             if order_id in find_ids:
-                found = f"on {expected}, {len(items)} item(s)" if order else "not found"
+                found = f"on {expected}, {plural(len(items), 'item')}" if order else "not found"
                 print(f"  --find {order_id}: {found} (queried {sorted(counts)})")
             one_shard = set(counts) == {expected}
             if order_id in sample and (order is None or not one_shard
@@ -261,7 +268,7 @@ def verify(
             statement = select(Order).where(Order.customer_id == customer_id)
             session_customer = session.scalars(statement).all()
     checks.check(len(counts) == 1, f"orders of customer {customer_id}: {len(session_customer)} "
-                 f"found querying {len(counts)} shard")
+                 f"found querying {plural(len(counts), 'shard')}")
     times = sorted(router.layout.decode(i).timestamp_ms for i in placed)
     start, end = times[0], times[len(times) // 2]
     low, high = router.id_range(start, end)
@@ -271,7 +278,7 @@ def verify(
     checks.check(len(in_window) == expected_count,
                  f"time range {iso(start)}..{iso(end)}: {len(in_window)} orders (expected "
                  f"{expected_count}) via "
-                 f"id BETWEEN {low} AND {high} on {len(counts)} shards")
+                 f"id BETWEEN {low} AND {high} on {plural(len(counts), 'shard')}")
 
     if options.shard is not None:
         target = router.target_of_shard(options.shard)

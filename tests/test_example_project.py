@@ -7,6 +7,7 @@ and pytest-django owns the Django settings of the test process.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -41,10 +42,43 @@ def test_demo_runs_end_to_end_on_sqlite(module: str, tmp_path: Path) -> None:
     assert "[FAIL]" not in out and "all checks passed" in out
     assert "zero duplicate IDs (1200 stored, 1200 distinct)" in out
     assert "lookups by ID each found the order querying only its shard (0 did not)" in out
-    assert "querying 1 shard" in out and "orders/s" in out
+    assert "querying 1 shard\n" in out and out.count("orders/s") == 1  # one throughput figure
+    assert "4 shard databases, 16 logical shards" in out
     assert out.count("  shard") >= 8  # the four shards, listed at start and with their counts
-    assert "placing orders [" in result.stderr  # the progress bar
+    assert result.stderr == ""  # stderr is no terminal here: no progress frames
+    leased = [line for line in out.splitlines() if "leased worker ID" in line]
+    assert len(leased) == 1 + 4  # this process (customers) and each of the 4 order processes
+    worker_ids = {int(re.findall(r"worker ID (\d+)", line)[0]) for line in leased}
+    assert len(worker_ids) == 5  # every process its own
     assert (tmp_path / ("django" if module == "example_project" else "sqlalchemy")).is_dir()
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_data_dir_never_loses_files_the_demo_did_not_create(module: str, tmp_path: Path) -> None:
+    subdir = tmp_path / ("django" if module == "example_project" else "sqlalchemy")
+    subdir.mkdir()
+    mine = subdir / "notes.txt"
+    mine.write_text("mine")
+    refused = run_demo(module, "--data-dir", str(tmp_path), "--orders", "10", timeout=60)
+    assert refused.returncode == 2
+    [line] = refused.stderr.splitlines()
+    assert line == (f"error: --data-dir: {subdir} already holds files this demo did not create "
+                    "(notes.txt); give a new or empty directory")
+    assert mine.read_text() == "mine"
+    mine.unlink()
+
+    # An empty directory is taken; a second run replaces only the demo's own files.
+    beside = tmp_path / "keep.txt"
+    beside.write_text("beside")
+    for _ in range(2):
+        result = run_demo(module, "--data-dir", str(tmp_path), "--orders", "20", "--shards", "1",
+                          "--processes", "1")
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert beside.read_text() == "beside"
+    assert "1 shard database, 16 logical shards" in result.stdout  # singular
+    assert "placed 20 orders" in result.stdout and "on 1 shard\n" in result.stdout
+    assert sorted(p.name for p in subdir.iterdir() if not p.name.endswith(("-wal", "-shm"))) == [
+        ".snowflake-db-demo", "control.sqlite3", "shard0.sqlite3"]
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)
@@ -57,6 +91,10 @@ def test_bad_input_gets_one_clear_line(module: str, tmp_path: Path) -> None:
         (["--control-url", "postgresql+psycopg://postgres@127.0.0.1:1/nope",
           "--shard-url", f"sqlite:///{tmp_path / 's.sqlite3'}"], "cannot connect to control"),
         (["--control-url", "sqlite:///x.sqlite3"], "give both --control-url and"),
+        (["--control-url", "postgres:///control", "--shard-url", "sqlite:///s.sqlite3"],
+         "--control-url postgres:///control names no host"),
+        (["--control-url", "sqlite:///c.sqlite3", "--shard-url", "foo://h/db"],
+         "--shard-url foo://h/db: unknown database 'foo'"),
     ]
     for args, message in cases:
         result = run_demo(module, "--data-dir", str(tmp_path), *args, timeout=60)
@@ -73,9 +111,12 @@ def test_load_on_four_postgresql_shards(
     """4 processes insert 4000 orders into 4 PostgreSQL shard databases at once."""
     control = database_factory("postgresql")
     shards = [database_factory("postgresql") for _ in range(4)]
-    args = ["--control-url", control.url_string, "--orders", "4000", "--processes", "4", "-q"]
+    def plain(database: ScratchDatabase) -> str:  # as a platform's DATABASE_URL spells it
+        return database.url.set(drivername="postgres").render_as_string(hide_password=False)
+
+    args = ["--control-url", plain(control), "--orders", "4000", "--processes", "4", "-q"]
     for shard in shards:
-        args += ["--shard-url", shard.url_string]
+        args += ["--shard-url", plain(shard)]
     result = run_demo(module, *args)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -108,10 +149,15 @@ def test_load_on_four_postgresql_shards(
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)
 def test_demo_on_mariadb(module: str, database_factory: Callable[[str], ScratchDatabase]) -> None:
+    """With URLs as platforms spell them (``mysql://``): the installed driver is used."""
     control, *shards = (database_factory("mariadb") for _ in range(3))
-    args = ["--control-url", control.url_string, "--orders", "400", "--processes", "2", "-q"]
+
+    def plain(database: ScratchDatabase) -> str:
+        return database.url.set(drivername="mysql").render_as_string(hide_password=False)
+
+    args = ["--control-url", plain(control), "--orders", "400", "--processes", "2", "-q"]
     for shard in shards:
-        args += ["--shard-url", shard.url_string]
+        args += ["--shard-url", plain(shard)]
     result = run_demo(module, *args)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "zero duplicate IDs (400 stored, 400 distinct)" in result.stdout
