@@ -1,31 +1,48 @@
-# The two commands a newcomer runs: `make demo` and `make test`. Each builds .venv by itself.
+# The two commands a newcomer runs: `make demo` and `make test`. Each builds .venv by itself,
+# `demo` with only what the demo needs, `test` with everything the checks need on top.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-stamp
+DEMO_STAMP := $(VENV)/.demo-stamp
+TEST_STAMP := $(VENV)/.test-stamp
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint pytest package-check bench clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit("snowflake_db needs Python 3.11+, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
-	@touch $(STAMP)
 
-demo: $(STAMP)
+# The demo: Django, SQLAlchemy and the PostgreSQL/MariaDB drivers (the `demo` extra), no linters.
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
+	@touch $(DEMO_STAMP)
+
+# Tests, linters, packaging tools and the benchmarks' peer library.
+$(TEST_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	@touch $(TEST_STAMP) $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	@echo "Demo environment ready: run 'source $(VENV)/bin/activate' to use snowflake-db and python -m example_project yourself."
 	$(BIN)/python -m example_project
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy --strict snowflake_db
 
-test: lint
+# pytest includes README.md (every code block runs) and tests/test_packaging.py (sdist and wheel
+# built offline, the wheel installed into a fresh venv and smoke-tested there).
+pytest: $(TEST_STAMP)
 	$(BIN)/python -m pytest
+
+package-check: $(TEST_STAMP)
+	$(BIN)/python -m pytest -q tests/test_packaging.py
+
+test: lint pytest
 	bash tests/run_django6.sh -q
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/bench_generate.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis dist build
