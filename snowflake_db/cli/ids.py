@@ -175,9 +175,9 @@ def _parse(args: argparse.Namespace) -> int:
 def _print_table(rows: list[dict[str, Any]]) -> None:
     columns = list(rows[0])
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
-    print("  ".join(c.ljust(widths[c]) for c in columns))
+    print("  ".join(c.ljust(widths[c]) for c in columns).rstrip())
     for row in rows:
-        print("  ".join(str(row[c]).ljust(widths[c]) for c in columns))
+        print("  ".join(str(row[c]).ljust(widths[c]) for c in columns).rstrip())
 
 
 def _worker_id(args: argparse.Namespace, layout: Layout) -> int:

@@ -1,0 +1,256 @@
+"""README.md's non-Python code blocks: every console command is run or checked, YAML is parsed.
+
+The Python blocks are run by pytest-markdown-docs (``--markdown-docs`` in the pytest options,
+set up by ``tests/plugins/readme.py``). Here:
+
+* ``snowflake-db`` commands run, as written, in the test venv; the placeholder control database
+  ``postgresql+psycopg://app@db/control`` is a scratch PostgreSQL database holding a live, an
+  expired and a reserved worker slot, as in the README's sample output. Output shown under a
+  command must match what it prints (``parse`` exactly, others after digits are normalised).
+* Other commands are checked: make targets exist, extras and the wheel name match
+  ``pyproject.toml``, the options given to gunicorn, uvicorn and Celery are in their ``--help``,
+  Django management sub-commands exist, environment variables are the library's.
+* A block in any other language, or a Python block marked ``notest``, fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from markdown_it import MarkdownIt
+
+from snowflake_db import Layout, MonotonicClock
+from snowflake_db.process import WORKER_ID_ENV, WORKER_URL_ENV
+
+from .plugins.databases import ScratchDatabase
+from .worker_support import LEASE_SECONDS, allocator
+
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+BIN = Path(sys.executable).parent
+PLACEHOLDER_URL = "postgresql+psycopg://app@db/control"
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+#: Variables a README command may set: the library's, and the examples' own.
+KNOWN_VARIABLES = {WORKER_URL_ENV, WORKER_ID_ENV, "DATABASE_URL", "CONTROL_URL"}
+#: Commands whose output changes from run to run: compare after digits are normalised.
+VARYING = ("generate", "bench", "workers", "--version", "layout")
+
+
+@dataclass
+class Command:
+    line: int
+    text: str
+    output: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Block:
+    line: int
+    lang: str
+    options: set[str]
+    content: str
+
+    @property
+    def commands(self) -> list[Command]:
+        commands: list[Command] = []
+        for offset, line in enumerate(self.content.splitlines()):
+            if line.startswith("$ "):
+                commands.append(Command(self.line + 1 + offset, line[2:]))
+            elif line.strip():
+                assert commands, f"README.md:{self.line}: output before any '$ ' command"
+                commands[-1].output.append(line)
+        return commands
+
+
+def readme_blocks() -> list[Block]:
+    blocks = []
+    for token in MarkdownIt("commonmark").parse(README.read_text()):
+        if token.type == "fence" and token.map:
+            lang, *options = token.info.split() or [""]
+            blocks.append(Block(token.map[0] + 1, lang, set(options), token.content))
+    return blocks
+
+
+BLOCKS = readme_blocks()
+
+
+def test_every_block_is_python_console_or_yaml_and_none_is_skipped() -> None:
+    for block in BLOCKS:
+        assert block.lang in ("python", "console", "yaml"), f"README.md:{block.line}: {block.lang}"
+        assert "notest" not in block.options, f"README.md:{block.line}: a block that never runs"
+    for block in BLOCKS:
+        if block.lang == "console":
+            assert block.commands, f"README.md:{block.line}: a console block with no '$ ' line"
+
+
+def _words(line: str, *, varying: bool) -> list[str]:
+    words = line.split()
+    return [re.sub(r"\d+", "N", word) for word in words] if varying else words
+
+
+def _split_environment(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    environment = {}
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+        name, _, value = words.pop(0).partition("=")
+        environment[name] = value
+    return environment, words
+
+
+@cache
+def _help(*command: str) -> str:
+    result = subprocess.run([str(BIN / command[0]), *command[1:], "--help"], capture_output=True,
+                            text=True, timeout=60, check=False, env=dict(os.environ, COLUMNS="200"))
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _check_options(words: list[str], help_text: str, where: str) -> None:
+    for word in words:
+        if word.startswith("-"):
+            option = word.split("=", 1)[0]
+            assert re.search(rf"(^|[\s,]){re.escape(option)}\b", help_text), f"{where}: {option}"
+
+
+def _makefile_targets() -> set[str]:
+    text = (REPO / "Makefile").read_text()
+    return set(re.findall(r"^([a-z][a-z-]*):", text, re.MULTILINE))
+
+
+def _extras() -> set[str]:
+    return set(PYPROJECT["project"]["optional-dependencies"])
+
+
+def _check_other(words: list[str], where: str) -> None:
+    """Commands that are not run here: check that what they name exists."""
+    program, *rest = words
+    if program == "make":
+        assert set(rest) <= _makefile_targets(), f"{where}: no such make target {rest}"
+    elif program == "source":
+        assert rest == [".venv/bin/activate"], where
+        assert "VENV ?= .venv" in (REPO / "Makefile").read_text()
+    elif (program, *rest[:2]) == ("python", "-m", "pip") or (program, *rest[:1]) == (
+        "pip", "install"
+    ):
+        packages = rest[rest.index("install") + 1:]
+        for package in packages:
+            if package.startswith("dist/"):
+                name, _, extras = package.partition("[")
+                version = PYPROJECT["project"]["version"]
+                assert name == f"dist/snowflake_db-{version}-py3-none-any.whl", where
+                assert set(extras.rstrip("]").split(",")) <= _extras(), where
+            else:
+                test_extra = " ".join(PYPROJECT["project"]["optional-dependencies"]["test"])
+                assert package in test_extra, f"{where}: {package} is not a declared dependency"
+    elif program == "python" and rest[:2] == ["-m", "build"]:
+        _check_options(rest[2:], subprocess.run(
+            [sys.executable, "-m", "build", "--help"], capture_output=True, text=True,
+            timeout=60, check=True).stdout, where)
+    elif program == "python" and rest[:1] == ["manage.py"]:
+        command, *arguments = rest[1:]
+        if command == "snowflake":
+            source = (REPO / "snowflake_db/django/management/commands/snowflake.py").read_text()
+            assert f'add_parser("{arguments[0]}"' in source, where
+        else:
+            assert command in ("migrate", "makemigrations", "check"), where
+    elif program in ("uvicorn", "gunicorn"):
+        _check_options(rest, _help(program), where)
+    elif program == "celery":
+        _check_options(rest[: rest.index("worker")], _help("celery"), where)
+        _check_options(rest[rest.index("worker") + 1:], _help("celery", "worker"), where)
+    else:
+        pytest.fail(f"{where}: no rule to run or check {program!r}; add one to {__file__}")
+
+
+@pytest.fixture(scope="module")
+def control_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The README's sample control database: one live, one expired and one reserved slot."""
+    from .plugins.databases import create_database, drop_database
+
+    database: ScratchDatabase = create_database("postgresql", tmp_path_factory.mktemp("control"))
+    try:
+        with allocator(database) as alloc:
+            layout = Layout()
+            alloc.acquire(layout=layout, clock=MonotonicClock())
+            alloc.acquire(layout=layout, clock=MonotonicClock()).abandon()  # a crashed holder
+            alloc.reserve_worker_id("orders id function", layout=layout)
+            time.sleep(LEASE_SECONDS + 0.5)  # the abandoned lease expires
+            yield database.url.render_as_string(hide_password=False)
+    finally:
+        drop_database(database)
+
+
+def _run_snowflake_db(command: Command, control_url: Callable[[], str], where: str,
+                      tmp_path: Path) -> None:
+    text = command.text
+    if PLACEHOLDER_URL in text:
+        text = text.replace(PLACEHOLDER_URL, control_url())
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in (WORKER_URL_ENV, WORKER_ID_ENV)}
+    environment["PATH"] = f"{BIN}{os.pathsep}{environment['PATH']}"
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", text], capture_output=True,
+                            text=True, timeout=120, check=False, env=environment, cwd=tmp_path)
+    assert result.returncode == 0, f"{where}: {result.stderr}"
+    assert "Traceback" not in result.stderr, where
+    if not command.output:
+        return
+    actual = result.stdout.splitlines()
+    varying = any(word in text.split() for word in VARYING)
+    shown = command.output if not varying else command.output[:1]
+    for expected, got in zip(shown, actual, strict=False):
+        assert _words(expected, varying=varying) == _words(got, varying=varying), (
+            f"{where}: README shows {expected!r}, the command printed {got!r}"
+        )
+    assert len(actual) >= len(shown), where
+
+
+def _console_blocks() -> list[Any]:
+    return [pytest.param(block, id=f"line{block.line}") for block in BLOCKS
+            if block.lang == "console"]
+
+
+@pytest.mark.parametrize("block", _console_blocks())
+def test_console_block(block: Block, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    for command in block.commands:
+        where = f"README.md:{command.line}: {command.text}"
+        words = shlex.split(command.text, comments=True)
+        environment, words = _split_environment(words)
+        assert set(environment) <= KNOWN_VARIABLES, f"{where}: {set(environment)}"
+        if words[0] == "snowflake-db":
+            _run_snowflake_db(command, lambda: request.getfixturevalue("control_database"),
+                              where, tmp_path)
+        else:
+            assert not command.output, f"{where}: output shown for a command not run here"
+            _check_other(words, where)
+
+
+def _containers(document: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(document, dict):
+        if "containers" in document:
+            yield from document["containers"]
+        for value in document.values():
+            yield from _containers(value)
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, id=f"line{b.line}") for b in BLOCKS
+                                   if b.lang == "yaml"])
+def test_yaml_block(block: Block) -> None:
+    containers = list(_containers(yaml.safe_load(block.content)))
+    assert containers, f"README.md:{block.line}: no containers"
+    for container in containers:
+        names = {variable["name"] for variable in container.get("env", [])}
+        assert names <= KNOWN_VARIABLES and WORKER_URL_ENV in names, names
+        program, *rest = container["command"]
+        _check_other([program, *rest], f"README.md:{block.line}")
