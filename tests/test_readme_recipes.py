@@ -1,0 +1,126 @@
+"""The README's deployment recipes under the real servers: the FastAPI app of the quick start
+under ``uvicorn --workers 2``, and ``SNOWFLAKE_WORKER_ID`` under ``uvicorn --reload``.
+
+The app is the README's own block (the one headed ``# app.py``), written to a file, so the
+recipe cannot drift from what is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from markdown_it import MarkdownIt
+
+from snowflake_db import Layout
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+pytestmark = pytest.mark.slow
+
+
+def _readme_block(first_line: str) -> str:
+    for token in MarkdownIt("commonmark").parse((REPO / "README.md").read_text()):
+        if token.type == "fence" and token.content.startswith(first_line + "\n"):
+            return token.content
+    raise AssertionError(f"no README block starts with {first_line!r}")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path) -> Path:
+    (tmp_path / "app.py").write_text(_readme_block("# app.py"))
+    # Tables first: two workers running create_all at once could race (use migrations in
+    # production; create_all in the lifespan is the example's shortcut).
+    subprocess.run([sys.executable, "-c", "import app; app.SQLModel.metadata.create_all("
+                    "app.engine)"], cwd=tmp_path, check=True, timeout=60)
+    return tmp_path
+
+
+def _environment(**variables: str) -> dict[str, str]:
+    environment = {key: value for key, value in os.environ.items()
+                   if not key.startswith("SNOWFLAKE_WORKER") and key != "DATABASE_URL"}
+    environment.update(variables)
+    return environment
+
+
+def _stop(server: subprocess.Popen[str]) -> str:
+    server.send_signal(signal.SIGINT)
+    try:
+        output, _ = server.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        output, _ = server.communicate()
+    return output
+
+
+def test_uvicorn_workers_each_lease_their_own_worker_id(app_dir: Path) -> None:
+    port = _free_port()
+    server = subprocess.Popen(
+        [str(BIN / "uvicorn"), "app:app", "--workers", "2", "--port", str(port)],
+        cwd=app_dir, env=_environment(SNOWFLAKE_WORKER_URL=f"sqlite:///{app_dir}/control.db"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        ids: list[int] = []
+        deadline = time.monotonic() + 60
+        while len(ids) < 40 and time.monotonic() < deadline:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/orders?total_cents=100", method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    body = json.load(response)
+            except OSError:
+                time.sleep(0.2)  # still starting
+                continue
+            assert isinstance(body["id"], str)  # JSON-safe
+            ids.append(int(body["id"]))
+        listing = subprocess.run(
+            [str(BIN / "snowflake-db"), "workers", "list", "--json", "--url",
+             f"sqlite:///{app_dir}/control.db"],
+            capture_output=True, text=True, timeout=60, check=True,
+        )
+    finally:
+        output = _stop(server)
+    assert len(ids) == 40, output
+    assert len(set(ids)) == 40
+    live = [slot for slot in json.loads(listing.stdout) if slot["state"] == "live"]
+    # Both workers leased at start-up (the lifespan), each its own worker ID.
+    assert len(live) == 2 and len({slot["pid"] for slot in live}) == 2, live
+    assert {Layout().decode(i).worker_id for i in ids} <= {slot["worker_id"] for slot in live}
+
+
+def test_static_worker_id_under_uvicorn_reload_stops_start_up_saying_what_to_do(
+    app_dir: Path,
+) -> None:
+    port = _free_port()
+    server = subprocess.Popen(
+        [str(BIN / "uvicorn"), "app:app", "--reload", "--port", str(port)],
+        cwd=app_dir, env=_environment(SNOWFLAKE_WORKER_ID="5"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        time.sleep(8)  # the reloader spawns the server process, whose lifespan fails
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/orders?total_cents=1",
+                                         method="POST")
+        with pytest.raises(OSError):  # never served a request: it did not start
+            urllib.request.urlopen(request, timeout=5)
+    finally:
+        output = _stop(server)
+    assert "ForkedWorkerIdError: SNOWFLAKE_WORKER_ID=5 was inherited from pid" in output, output
+    assert "Use a table allocator (SNOWFLAKE_WORKER_URL" in output
+    assert "Application startup failed" in output
