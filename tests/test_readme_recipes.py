@@ -124,3 +124,72 @@ def test_static_worker_id_under_uvicorn_reload_stops_start_up_saying_what_to_do(
     assert "ForkedWorkerIdError: SNOWFLAKE_WORKER_ID=5 was inherited from pid" in output, output
     assert "Use a table allocator (SNOWFLAKE_WORKER_URL" in output
     assert "Application startup failed" in output
+
+
+def _wait_for_live_slots(control: Path, count: int, server: subprocess.Popen[str]) -> list[dict]:
+    """The live slots of the control database once ``count`` processes hold one."""
+    deadline = time.monotonic() + 60
+    live: list[dict] = []
+    while time.monotonic() < deadline and server.poll() is None:
+        listing = subprocess.run(
+            [str(BIN / "snowflake-db"), "workers", "list", "--json", "--url", f"sqlite:///{control}"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+        if listing.returncode == 0:
+            live = [slot for slot in json.loads(listing.stdout) if slot["state"] == "live"]
+            if len(live) >= count:
+                break
+        time.sleep(0.5)
+    return live
+
+
+WSGI_APP = '''
+import snowflake_db
+
+generator = snowflake_db.get_generator()   # configured in the parent, before gunicorn forks
+
+
+def app(environ, start_response):
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [str(snowflake_db.snowflake_default()).encode()]
+'''
+
+
+def test_gunicorn_preload_post_fork_leases_one_worker_id_per_worker(tmp_path: Path) -> None:
+    (tmp_path / "gunicorn.conf.py").write_text(_readme_block("# gunicorn.conf.py  (run: "
+                                                             "SNOWFLAKE_WORKER_URL=… gunicorn -c "
+                                                             "gunicorn.conf.py myshop.wsgi)"))
+    (tmp_path / "wsgiapp.py").write_text(WSGI_APP)
+    control = tmp_path / "control.db"
+    server = subprocess.Popen(
+        [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", f"127.0.0.1:{_free_port()}",
+         "wsgiapp:app"],
+        cwd=tmp_path, env=_environment(SNOWFLAKE_WORKER_URL=f"sqlite:///{control}"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        live = _wait_for_live_slots(control, 4, server)
+    finally:
+        output = _stop(server)
+    # post_fork leased one worker ID in each of the 4 workers; the preloaded parent none.
+    assert len(live) == 4 and len({slot["pid"] for slot in live}) == 4, (live, output)
+    assert server.pid not in {slot["pid"] for slot in live}
+
+
+def test_celery_prefork_worker_process_init_leases_one_worker_id_per_process(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "tasks.py").write_text(_readme_block(
+        "# tasks.py  (run: SNOWFLAKE_WORKER_URL=… celery -A tasks worker --concurrency 4)"))
+    control = tmp_path / "control.db"
+    server = subprocess.Popen(
+        [str(BIN / "celery"), "-A", "tasks", "-b", "memory://", "worker", "--concurrency", "2",
+         "--pool", "prefork", "--without-gossip", "--without-mingle", "--without-heartbeat"],
+        cwd=tmp_path, env=_environment(SNOWFLAKE_WORKER_URL=f"sqlite:///{control}"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        live = _wait_for_live_slots(control, 2, server)
+    finally:
+        output = _stop(server)
+    assert len(live) == 2 and len({slot["pid"] for slot in live}) == 2, (live, output)
