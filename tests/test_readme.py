@@ -15,6 +15,7 @@ set up by ``tests/plugins/readme.py``). Here:
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
@@ -254,3 +255,19 @@ def test_yaml_block(block: Block) -> None:
         assert names <= KNOWN_VARIABLES and WORKER_URL_ENV in names, names
         program, *rest = container["command"]
         _check_other([program, *rest], f"README.md:{block.line}")
+
+
+def test_every_link_inside_the_readme_resolves() -> None:
+    """Links to sections (GitHub's anchors) and to files of the repository."""
+    tokens = MarkdownIt("commonmark").parse(README.read_text())
+    anchors = set()
+    for heading, inline in itertools.pairwise(tokens):
+        if heading.type == "heading_open":
+            text = re.sub(r"[^\w\- ]", "", inline.content.strip().lower())
+            anchors.add(text.replace(" ", "-"))
+    links = re.findall(r"\]\(([^)\s]+)\)", README.read_text())
+    for link in links:
+        if link.startswith("#"):
+            assert link[1:] in anchors, f"README.md links to a missing section {link}"
+        elif not link.startswith("http"):
+            assert (REPO / link).exists(), f"README.md links to a missing file {link}"
