@@ -23,8 +23,8 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	@touch $(TEST_STAMP) $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)
-	@echo "Demo environment ready: run 'source $(VENV)/bin/activate' to use snowflake-db and python -m example_project yourself."
 	$(BIN)/python -m example_project
+	@echo "Next: 'source $(VENV)/bin/activate', then snowflake-db and python -m example_project work in this shell."
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
