@@ -21,7 +21,11 @@ if TYPE_CHECKING:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     workers = subparsers.add_parser(
-        "workers", help="list or reap worker-ID leases in the database table"
+        "workers",
+        help="list or reap worker-ID leases in the database table",
+        description="List or reap worker-ID leases in the control database's table. --url (or "
+        f"${WORKER_URL_ENV}) takes {URL_FORMS}; postgres:// and mysql:// URLs, as platforms "
+        "spell DATABASE_URL, use the installed driver.",
     )
     actions = workers.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser(
