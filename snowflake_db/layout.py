@@ -36,12 +36,26 @@ def _ms_to_datetime(timestamp_ms: int) -> datetime:
     return datetime.fromtimestamp(seconds, tz=UTC).replace(microsecond=millis * 1000)
 
 
-def to_unix_ms(moment: datetime | int, name: str = "time") -> int:
-    """Unix milliseconds from an aware datetime or an int; naive datetimes are rejected."""
+def to_unix_ms(moment: datetime | str | int, name: str = "time") -> int:
+    """Unix milliseconds from an aware datetime, an ISO 8601 string or an int.
+
+    An ISO string without a zone means UTC, as everywhere in snowflake_db. A naive ``datetime``
+    object is refused instead: it usually holds local time, and guessing would shift every ID.
+    """
+    if isinstance(moment, str):
+        try:
+            parsed = datetime.fromisoformat(moment)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"{name}={moment!r} is not an ISO 8601 date or time (e.g. 2020-01-01 or "
+                "2020-01-01T00:00:00Z)"
+            ) from None
+        moment = parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
     if isinstance(moment, datetime):
         if moment.tzinfo is None or moment.utcoffset() is None:
             raise InvalidArgumentError(
-                f"{name}={moment!r} is a naive datetime; pass an aware one (e.g. tzinfo=UTC)"
+                f"{name}={moment.isoformat()} is a naive datetime (no time zone); pass an aware "
+                "one (tzinfo=UTC), or an ISO string, which means UTC when it names no zone"
             )
         delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
         return delta.days * 86_400_000 + delta.seconds * 1000 + delta.microseconds // 1000
@@ -82,9 +96,9 @@ class Layout:
     tick_ms: int = 1
 
     def __post_init__(self) -> None:
+        require_int("time_bits", self.time_bits, minimum=1, error=InvalidLayoutError)
         for name in _BIT_FIELDS:
             require_int(name, getattr(self, name), minimum=0, error=InvalidLayoutError)
-        require_int("time_bits", self.time_bits, minimum=1, error=InvalidLayoutError)
         total = self.time_bits + self.worker_bits + self.sequence_bits + self.shard_bits
         if total > USABLE_BITS:
             raise InvalidLayoutError(
@@ -99,12 +113,17 @@ class Layout:
             limit_note="the datacenter is the top part of the worker field",
         )
         require_int("tick_ms", self.tick_ms, minimum=1, error=InvalidLayoutError)
-        now_ms = time.time_ns() // 1_000_000
         require_int(
             "epoch_ms",
             self.epoch_ms,
             minimum=0,
-            maximum=now_ms,
+            error=InvalidLayoutError,
+            limit_note="Unix milliseconds: the epoch cannot lie before 1970-01-01T00:00:00Z",
+        )
+        require_int(
+            "epoch_ms",
+            self.epoch_ms,
+            maximum=time.time_ns() // 1_000_000,
             error=InvalidLayoutError,
             limit_note="the epoch must not lie in the future",
         )
@@ -275,8 +294,8 @@ class Layout:
 
     # -- ranges for queries ------------------------------------------------------------------
 
-    def min_id_for_time(self, moment: datetime | int) -> int:
-        """The smallest ID of the tick containing ``moment`` (aware datetime or Unix ms).
+    def min_id_for_time(self, moment: datetime | str | int) -> int:
+        """The smallest ID of the tick containing ``moment`` (see :func:`to_unix_ms`).
 
         ``WHERE id BETWEEN min_id_for_time(t1) AND max_id_for_time(t2)`` selects every ID issued
         in the ticks from ``t1`` to ``t2`` inclusive, as a primary-key range scan.
@@ -284,8 +303,8 @@ class Layout:
         tick = self.tick_of(to_unix_ms(moment, "moment"))
         return tick << self.time_shift
 
-    def max_id_for_time(self, moment: datetime | int) -> int:
-        """The largest ID of the tick containing ``moment`` (aware datetime or Unix ms)."""
+    def max_id_for_time(self, moment: datetime | str | int) -> int:
+        """The largest ID of the tick containing ``moment`` (see :func:`to_unix_ms`)."""
         tick = self.tick_of(to_unix_ms(moment, "moment"))
         return ((tick + 1) << self.time_shift) - 1
 

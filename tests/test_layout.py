@@ -322,7 +322,7 @@ def test_decode_shard_layout() -> None:
         ({"time_bits": 41, "worker_bits": 10, "sequence_bits": 12, "shard_bits": 1}, ["64", "63"]),
         ({"worker_bits": 64}, ["63"]),
         ({"time_bits": 0}, ["time_bits=0", "1"]),
-        ({"time_bits": -1}, ["time_bits=-1", "0"]),
+        ({"time_bits": -1}, ["time_bits=-1", "minimum 1"]),
         ({"worker_bits": -1}, ["worker_bits=-1", "0"]),
         ({"sequence_bits": -3}, ["sequence_bits=-3", "0"]),
         ({"shard_bits": -1}, ["shard_bits=-1", "0"]),
@@ -464,6 +464,25 @@ def test_naive_datetime_is_rejected() -> None:
         assert "2024" in str(caught.value)
 
 
+def test_iso_strings_without_a_zone_mean_utc() -> None:
+    utc_midnight = datetime(2024, 1, 1, tzinfo=UTC)
+    for text in ("2024-01-01", "2024-01-01T00:00:00", "2024-01-01T00:00:00Z",
+                 "2024-01-01T01:00:00+01:00"):
+        assert DEFAULT_LAYOUT.min_id_for_time(text) == DEFAULT_LAYOUT.min_id_for_time(utc_midnight)
+        assert DEFAULT_LAYOUT.max_id_for_time(text) == DEFAULT_LAYOUT.max_id_for_time(utc_midnight)
+    with pytest.raises(InvalidArgumentError, match="'new year' is not an ISO 8601 date"):
+        DEFAULT_LAYOUT.min_id_for_time("new year")
+
+
+def test_layout_limits_are_named_for_what_is_wrong() -> None:
+    with pytest.raises(InvalidLayoutError, match="time_bits=-3 is below the minimum 1"):
+        Layout(time_bits=-3)
+    with pytest.raises(InvalidLayoutError, match="cannot lie before 1970"):
+        Layout(epoch_ms=-5)
+    with pytest.raises(InvalidLayoutError, match="must not lie in the future"):
+        Layout(epoch_ms=time.time_ns() // 1_000_000 + 60_000)
+
+
 def test_time_range_outside_the_layout() -> None:
     before = datetime(2019, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC)
     with pytest.raises(InvalidArgumentError, match="2020-01-01"):
@@ -471,7 +490,7 @@ def test_time_range_outside_the_layout() -> None:
     after = datetime(2089, 9, 6, 15, 47, 35, 552_000, tzinfo=UTC)
     with pytest.raises(InvalidArgumentError, match="2089-09-06"):
         DEFAULT_LAYOUT.max_id_for_time(after)
-    for value in (True, 1.5e12, "2024-01-01"):
+    for value in (True, 1.5e12, b"2024-01-01"):
         with pytest.raises(InvalidArgumentTypeError):
             DEFAULT_LAYOUT.min_id_for_time(value)  # type: ignore[arg-type]
 
