@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.demo-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 
-.PHONY: demo test lint pytest package-check bench clean
+.PHONY: demo test lint pytest package-check bench django-suite clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit("snowflake_db needs Python 3.11+, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -43,6 +43,11 @@ test: lint pytest
 
 bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/bench_generate.py
+
+# Django's own test suite under BigAutoField and under SnowflakeAutoField (downloads the Django
+# sdist into .venv/django-suite; about half an hour; not part of `make test`).
+django-suite: $(TEST_STAMP)
+	$(BIN)/python benchmarks/django_suite.py --check
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis dist build

@@ -28,7 +28,6 @@ venv=.venv/django6-py312
 stamp="$venv/.installed-stamp"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "$python312" -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --upgrade pip
     "$venv/bin/python" -m pip install --quiet -e '.[test]' 'Django>=6.0,<7'
     touch "$stamp"
 fi
