@@ -223,7 +223,8 @@ def run_suite(venv_python: Path, tests_dir: Path, work_dir: Path, *, backend: st
             cwd=tests_dir, env=env, stdout=out, stderr=subprocess.STDOUT, check=False,
         )
     seconds = time.monotonic() - started
-    worker_db.unlink(missing_ok=True)
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(f"{worker_db}{suffix}").unlink(missing_ok=True)
     return failing_tests(log.read_text(errors="replace"), log), str(log), seconds
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import CommandError, InvalidIdError
 from ..generator import SnowflakeGenerator
-from ..layout import DEFAULT_EPOCH_MS, USABLE_BITS, Layout, to_unix_ms
+from ..layout import DEFAULT_EPOCH_MS, LAYOUT_FIELDS, USABLE_BITS, Layout, to_unix_ms
 from ..process import WORKER_ID_ENV
 
 _MAX_GENERATE = 10_000_000
@@ -36,18 +36,18 @@ _FUTURE_SLACK_MS = 60_000
 def add_layout_options(parser: argparse.ArgumentParser) -> None:
     """The options describing a layout, shared by every command that needs one."""
     group = parser.add_argument_group("layout (defaults: 41/10/12 bits, epoch 2020-01-01)")
-    defaults = Layout()
-    for name in ("time_bits", "worker_bits", "sequence_bits", "shard_bits", "datacenter_bits"):
-        group.add_argument(
-            f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name), metavar="N"
-        )
-    group.add_argument(
-        "--epoch",
-        default=str(DEFAULT_EPOCH_MS),
-        help="Unix milliseconds, or an ISO 8601 date or time; without a zone it means UTC "
-        "(2020-01-01 is 2020-01-01T00:00:00Z)",
-    )
-    group.add_argument("--tick-ms", type=int, default=defaults.tick_ms, metavar="MS")
+    defaults = Layout().as_kwargs()
+    for name, default in defaults.items():
+        if name == "epoch_ms":
+            group.add_argument(
+                "--epoch",
+                default=str(DEFAULT_EPOCH_MS),
+                help="Unix milliseconds, or an ISO 8601 date or time; without a zone it means "
+                "UTC (2020-01-01 is 2020-01-01T00:00:00Z)",
+            )
+        else:
+            group.add_argument(_option(name), type=int, default=default,
+                               metavar="MS" if name == "tick_ms" else "N")
 
 
 def _option(name: str) -> str:
@@ -73,15 +73,8 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
             f"--epoch {args.epoch} must not lie in the future (now is "
             f"{_iso(now_ms)}): IDs count time from the epoch"
         )
-    return Layout(
-        time_bits=args.time_bits,
-        worker_bits=args.worker_bits,
-        sequence_bits=args.sequence_bits,
-        shard_bits=args.shard_bits,
-        datacenter_bits=args.datacenter_bits,
-        epoch_ms=epoch_ms,
-        tick_ms=args.tick_ms,
-    )
+    fields = {name: getattr(args, name) for name in LAYOUT_FIELDS if name != "epoch_ms"}
+    return Layout(**fields, epoch_ms=epoch_ms)
 
 
 def _iso(ms: int) -> str:
