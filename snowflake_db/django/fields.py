@@ -184,6 +184,11 @@ class SnowflakeAutoField(models.BigAutoField):
                 value = snowflake_default()
                 setattr(model_instance, self.attname, value)
             return value
+        if type(value) is not int and not hasattr(value, "resolve_expression"):
+            # An explicit key given as "123456": the object holds the int that is written, as
+            # an AutoField's does after the database returns it (refused if not an integer).
+            value = _checked_key(self, value)
+            setattr(model_instance, self.attname, value)
         global _last_bulk_create  # noqa: PLW0603
         if _last_bulk_create[0] is not None:
             _last_bulk_create = (None, False)

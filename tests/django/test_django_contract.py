@@ -222,3 +222,10 @@ def test_a_failed_conflict_bulk_create_does_not_unset_a_later_save(backend: str)
     first.save()
     assert first.pk is not None and first.pk == key
     assert Order.objects.get().pk == key
+
+
+def test_an_explicit_key_given_as_text_is_an_int_after_save(backend: str) -> None:
+    """As an AutoField's after the database returns it (Django 6.1's test of the same name)."""
+    customer = Customer.objects.create(pk="123456789", name="ada")
+    assert customer.pk == 123_456_789 and type(customer.pk) is int
+    assert Customer.objects.get(pk=123_456_789).name == "ada"
