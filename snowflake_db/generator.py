@@ -261,6 +261,9 @@ class SnowflakeGenerator:
         assert worker_id is not None  # _check_usable took a lease
         lease = self._lease
         if lease is not None:
+            # Say how far we issue before reading the ceiling: a release ends the lease first
+            # and reads this second, so it either covers this tick or we see the ended lease.
+            lease.issuing_through(layout.tick_start_ms(tick + 1) - 1)
             ceiling = self._tick_of_ms(lease.high_water_ms)
             if tick > ceiling:
                 raise WorkerLeaseError(
@@ -392,6 +395,7 @@ class SnowflakeGenerator:
 
     def _take_lease(self, lease: WorkerLease) -> None:
         self.layout.check_worker_id(lease.worker_id)
+        lease.issuing_through(0)  # nothing yet: a release need not keep the whole reserve
         self._lease = lease
         self._retire_window()
         if lease.floor_ms is not None:

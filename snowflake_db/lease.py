@@ -10,6 +10,10 @@ A lease promises three things, which together make reusing a masked worker slot 
 * ``floor_ms`` is the previous holder's high-water mark: only timestamps *above* it may be issued.
 * ``high_water_ms`` is the largest timestamp this holder may issue; it is stored in the database
   before it is returned, so the next holder of the slot starts above it.
+
+The generator also says, before it opens each tick, how far it will issue
+(:meth:`WorkerLease.issuing_through`): a release then stores that instead of the whole reserve,
+so a clean exit frees the slot at once whatever the clock.
 """
 
 from __future__ import annotations
@@ -42,6 +46,15 @@ class WorkerLease(Protocol):
 
     def describe_problem(self) -> str:
         """Why the lease cannot be trusted right now (for error messages)."""
+        ...
+
+    def issuing_through(self, timestamp_ms: int) -> None:
+        """Record, *before* issuing, that IDs up to ``timestamp_ms`` (Unix ms) may be issued.
+
+        The generator calls it with 0 when it takes the lease and with each new tick's last
+        millisecond before reading ``high_water_ms`` for that tick: a release that ends the lease
+        first and reads this second therefore covers every ID that can still be issued.
+        """
         ...
 
     def release(self) -> None:

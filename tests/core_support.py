@@ -67,9 +67,13 @@ class FakeLease:
     lost: bool = False
     released: bool = False
     abandoned: bool = False
+    issued_through_ms: list[int] = field(default_factory=list)
 
     def describe_problem(self) -> str:
         return f"fake lease of worker {self.worker_id}"
+
+    def issuing_through(self, timestamp_ms: int) -> None:
+        self.issued_through_ms.append(timestamp_ms)
 
     def release(self) -> None:
         self.released = True

@@ -602,6 +602,36 @@ def test_lease_is_acquired_on_first_use_or_ensure_worker() -> None:
     assert len(allocator.leases) == 1  # the lease is not re-acquired per ID
 
 
+def test_the_lease_hears_of_each_tick_before_ids_are_issued_from_it() -> None:
+    layout = Layout(time_bits=38, tick_ms=10)
+    start = layout.tick_start_ms(layout.tick_of(T0))
+    clock = FakeClock(start + 4)
+    allocator = FakeAllocator([6])
+    generator = SnowflakeGenerator(allocator=allocator, layout=layout, clock=clock)
+    generator.ensure_worker()
+    lease = allocator.leases[0]
+    assert lease.issued_through_ms == [0]  # taken, nothing issued
+    first = generator.next_ids(3)
+    clock.set(start + 25)
+    second = generator.next_id()
+    # Each report covers its whole tick (release stores it as the mark) and came first.
+    assert lease.issued_through_ms == [0, start + 9, start + 29]
+    assert max(layout.decode(i).timestamp_ms for i in first) <= start + 9
+    assert layout.decode(second).timestamp_ms <= start + 29
+
+
+def test_a_tick_past_the_mark_is_refused_after_it_was_reported() -> None:
+    clock = FakeClock(T0)
+    allocator = FakeAllocator([5], high_water_ms=T0)
+    generator = SnowflakeGenerator(allocator=allocator, clock=clock)
+    generator.next_id()
+    clock.set(T0 + 1)
+    with pytest.raises(WorkerLeaseError):
+        generator.next_id()
+    # Reported before the check (a release racing it would cover it), never issued.
+    assert allocator.leases[0].issued_through_ms[-1] == T0 + 1
+
+
 def test_ids_only_above_the_floor() -> None:
     started = time.monotonic_ns()
 

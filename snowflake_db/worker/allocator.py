@@ -21,7 +21,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
 from .._validate import require_int, require_seconds
-from ..clock import Clock, MonotonicClock
+from ..clock import Clock
 from ..errors import (
     AllocatorUnavailableError,
     InvalidArgumentError,
@@ -365,11 +365,8 @@ class TableWorkerAllocator:
             # Stop the generator first (deadline and ceiling), so every window it may still
             # issue from was opened with a clock reading taken before the one below.
             lease.end(RELEASED, "released", high_water_ms=-1)
-            final_ms = reserved_ms
-            if isinstance(lease.clock, MonotonicClock):
-                # A monotonic clock is at or past every tick the generator read, so nothing above
-                # "now" was issued: lower the mark so the slot is reusable at once.
-                final_ms = min(reserved_ms, lease.clock() + 1)
+            # Read second: the generator reports a tick before it reads the ceiling ended above.
+            final_ms = lease.mark_at_release(reserved_ms)
             lease.set_high_water(final_ms)
         self._heartbeat.discard(lease)
         if not was_held or lease.pid != os.getpid():

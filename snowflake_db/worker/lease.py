@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..clock import MonotonicClock
+
 if TYPE_CHECKING:
     from ..clock import Clock
 
@@ -53,6 +55,7 @@ class TableLease:
         self.registration_id = registration_id
         self._floor_ms = floor_ms
         self._high_water_ms = high_water_ms
+        self._issued_through_ms: int | None = None
         self._valid_until = valid_until
         self.next_renewal_at = next_renewal_at
         self.clock = clock
@@ -100,6 +103,12 @@ class TableLease:
             detail += f"; {self.failures} renewal(s) failed, last: {self.last_error}"
         return detail
 
+    def issuing_through(self, timestamp_ms: int) -> None:
+        """Record that IDs up to ``timestamp_ms`` may be issued (the generator, before it does)."""
+        issued = self._issued_through_ms
+        if issued is None or timestamp_ms > issued:
+            self._issued_through_ms = timestamp_ms
+
     def release(self) -> None:
         """Give the slot back (a no-op in a forked child or after it was lost)."""
         self._release(self)
@@ -136,6 +145,22 @@ class TableLease:
         self._valid_until = -math.inf
         self.state = state
         self._problem = problem
+
+    def mark_at_release(self, reserved_ms: int) -> int:
+        """The high-water mark to store when the lease ends: what was really issued, never
+        below the previous holder's mark nor above ``reserved_ms`` (call after :meth:`end`).
+
+        A generator reports each tick before issuing from it (:meth:`issuing_through`), so once
+        the lease has ended that report covers every ID it can still hand out, whatever its
+        clock. Without a report (the lease used directly), only a monotonic clock bounds what
+        was issued (by "now"); otherwise the whole reserve is kept.
+        """
+        issued = self._issued_through_ms
+        if issued is None:
+            if not isinstance(self.clock, MonotonicClock):
+                return reserved_ms
+            issued = self.clock() + 1
+        return min(reserved_ms, max(issued, self._floor_ms or 0))
 
     def set_high_water(self, high_water_ms: int) -> None:
         """Set the mark after the lease ended (the value stored at release)."""

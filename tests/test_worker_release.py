@@ -1,0 +1,106 @@
+"""A clean release stores the high-water mark the holder really reached, whatever its clock, so
+short-lived processes (cron jobs, CLI runs) do not park slots. PostgreSQL, MariaDB and SQLite."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from snowflake_db import Layout, SnowflakeGenerator, wall_clock
+from snowflake_db.worker import TableLease
+
+from .plugins.databases import ScratchDatabase
+from .worker_support import allocator, read_slots
+
+SINGLE_SLOT = Layout(worker_bits=0)
+#: Long enough that a mark kept at the whole reserve would refuse the next holder
+#: (it is far more than the default 1 s floor wait).
+LEASE_SECONDS = 10.0
+
+
+class SkewedClock:
+    """A custom clock (not the built-in monotonic one): wall time plus a fixed offset."""
+
+    def __init__(self, offset_ms: int) -> None:
+        self.offset_ms = offset_ms
+
+    def __call__(self) -> int:
+        return wall_clock() + self.offset_ms
+
+
+def _lease(gen: SnowflakeGenerator) -> TableLease:
+    lease = gen.lease
+    assert isinstance(lease, TableLease)
+    return lease
+
+
+def test_release_with_a_custom_clock_frees_the_slot_at_once(any_db: ScratchDatabase) -> None:
+    with allocator(any_db, lease_seconds=LEASE_SECONDS) as alloc:
+        first = SnowflakeGenerator(allocator=alloc, layout=SINGLE_SLOT, clock=SkewedClock(-300))
+        old_ids = first.next_ids(20_000)
+        reserved = _lease(first).high_water_ms
+        first.close()
+        last_issued_ms = max(SINGLE_SLOT.decode(i).timestamp_ms for i in old_ids)
+        stored = read_slots(any_db.url)[0]
+        assert stored.state == "free"
+        assert stored.high_water_ms == last_issued_ms < reserved - 5000
+
+        # A later holder on a correct clock takes the slot at once and issues above the mark.
+        second = SnowflakeGenerator(allocator=alloc, layout=SINGLE_SLOT)
+        started = time.monotonic()
+        assert second.ensure_worker() == 0
+        assert _lease(second).floor_ms == last_issued_ms
+        assert last_issued_ms < second.clock()  # nothing to wait for
+        new_ids = second.next_ids(20_000)
+        assert time.monotonic() - started < LEASE_SECONDS / 2
+        assert min(new_ids) > max(old_ids)
+        second.close()
+
+
+def test_release_before_any_id_keeps_only_the_previous_mark(any_db: ScratchDatabase) -> None:
+    with allocator(any_db, lease_seconds=LEASE_SECONDS) as alloc:
+        first = SnowflakeGenerator(allocator=alloc, layout=SINGLE_SLOT, clock=wall_clock)
+        ids = first.next_ids(1000)
+        first.close()
+        mark = read_slots(any_db.url)[0].high_water_ms
+        assert mark == max(SINGLE_SLOT.decode(i).timestamp_ms for i in ids)
+        idle = SnowflakeGenerator(allocator=alloc, layout=SINGLE_SLOT, clock=SkewedClock(-200))
+        idle.ensure_worker()  # leased, nothing issued: the previous holder's mark stays
+        idle.close()
+        assert read_slots(any_db.url)[0].high_water_ms == mark
+
+
+_SEQUENTIAL_PROCESS = """
+import sys
+import snowflake_db
+from snowflake_db.worker import TableWorkerAllocator
+gen = snowflake_db.configure(
+    allocator=TableWorkerAllocator(sys.argv[1], lease_seconds=float(sys.argv[2])),
+    layout=snowflake_db.Layout(worker_bits=1),
+    clock=snowflake_db.wall_clock,
+)
+ids = [snowflake_db.snowflake_default() for _ in range(1000)]
+print(gen.worker_id, max(ids))
+"""
+
+
+def test_sequential_processes_with_the_wall_clock_reuse_two_slots(
+    any_db: ScratchDatabase,
+) -> None:
+    """worker_bits=1: each process exits cleanly (atexit release); none may find both parked."""
+    results: list[tuple[int, int]] = []
+    for _ in range(4):
+        done = subprocess.run(
+            [sys.executable, "-c", _SEQUENTIAL_PROCESS, any_db.url_string, str(LEASE_SECONDS)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        worker, last_id = map(int, done.stdout.split())
+        results.append((worker, last_id))
+    assert all(0 <= worker <= 1 for worker, _ in results)
+    rows = read_slots(any_db.url)
+    assert all(row.state == "free" for row in rows.values())
