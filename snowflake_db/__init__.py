@@ -24,7 +24,7 @@ from .errors import (
     WorkerIdExhaustedError,
     WorkerLeaseError,
 )
-from .generator import DEFAULT_ROLLBACK_TOLERANCE_MS, SnowflakeGenerator
+from .generator import DEFAULT_ROLLBACK_TOLERANCE_MS, MAX_IDS_PER_CALL, SnowflakeGenerator
 from .layout import DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Layout, SnowflakeId
 from .lease import WorkerAllocator, WorkerLease
 from .process import configure, get_generator, reset, snowflake_default
@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_EPOCH_MS",
     "DEFAULT_LAYOUT",
     "DEFAULT_ROLLBACK_TOLERANCE_MS",
+    "MAX_IDS_PER_CALL",
     "AllocatorUnavailableError",
     "ClockError",
     "ClockMovedBackwardsError",

@@ -19,7 +19,12 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
         name=error.name,
     ) from error
 
-from .allocator import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_FLOOR_WAIT_MS, TableWorkerAllocator
+from .allocator import (
+    DEFAULT_LEASE_SECONDS,
+    DEFAULT_MAX_FLOOR_WAIT_MS,
+    MAX_LEASE_SECONDS,
+    TableWorkerAllocator,
+)
 from .lease import TableLease
 from .schema import (
     DEFAULT_REGISTRATIONS_TABLE,
@@ -34,6 +39,7 @@ __all__ = [
     "DEFAULT_MAX_FLOOR_WAIT_MS",
     "DEFAULT_REGISTRATIONS_TABLE",
     "DEFAULT_SLOTS_TABLE",
+    "MAX_LEASE_SECONDS",
     "SlotRow",
     "TableLease",
     "TableWorkerAllocator",

@@ -45,6 +45,8 @@ _T = TypeVar("_T")
 
 #: Default lease length: a crashed holder's worker ID is reusable this long after its last renewal.
 DEFAULT_LEASE_SECONDS = 30.0
+#: Longest lease (and ``reserve_ahead_ms``) accepted: a crashed holder parks its slot this long.
+MAX_LEASE_SECONDS = 86_400.0
 #: Default bound on waiting for a previous holder's high-water mark to pass (else: another slot).
 DEFAULT_MAX_FLOOR_WAIT_MS = 1000
 
@@ -62,6 +64,10 @@ class TableWorkerAllocator:
     until ``safety_margin`` seconds (default a fifth) before the lease would expire, measured from
     the start of the last successful renewal on this process's monotonic clock. Each renewal
     stores a high-water mark ``reserve_ahead_ms`` (default the lease length) ahead of the clock.
+    Both are at most :data:`MAX_LEASE_SECONDS` (one day).
+
+    The URL must name the control database fully: a host or socket and a database (a file for
+    SQLite), never left to the driver's defaults.
     """
 
     def __init__(
@@ -83,6 +89,11 @@ class TableWorkerAllocator:
         self.url = to_url(url_or_engine)
         check_supported(self.url)
         self.lease_seconds = require_seconds("lease_seconds", lease_seconds, positive=True)
+        if self.lease_seconds > MAX_LEASE_SECONDS:
+            raise InvalidArgumentError(
+                f"lease_seconds={lease_seconds} exceeds the maximum {MAX_LEASE_SECONDS:g} s "
+                "(one day): a crashed holder would park its worker ID that long"
+            )
         self.renew_every = require_seconds(
             "renew_every",
             renew_every if renew_every is not None else self.lease_seconds / 3,
@@ -102,6 +113,8 @@ class TableWorkerAllocator:
             "reserve_ahead_ms",
             reserve_ahead_ms if reserve_ahead_ms is not None else round(lease_seconds * 1000),
             minimum=1,
+            maximum=round(MAX_LEASE_SECONDS * 1000),
+            limit_note="one day: the next holder of the slot would wait that long",
         )
         self.max_floor_wait_ms = require_int("max_floor_wait_ms", max_floor_wait_ms, minimum=0)
         self.hostname = (hostname or socket.gethostname() or "unknown")[:NAME_LENGTH]

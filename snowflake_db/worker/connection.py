@@ -56,14 +56,45 @@ def safe_url_text(url: str | URL) -> str:
 
 
 def check_supported(url: URL) -> None:
-    """Reject SQLite in-memory databases: each connection would see its own private tables."""
+    """Refuse a URL that does not say which database holds the worker tables.
+
+    Without a host (or socket) and a database name, drivers fall back to their defaults
+    (libpq's ``PGHOST``/``PGDATABASE`` or local socket, MySQL's localhost): processes configured
+    alike could lease from different tables, and their IDs collide. SQLite must be a file: an
+    in-memory database is private to one connection, so its leases protect nothing.
+    """
+    text = safe_url_text(url)
     if url.get_backend_name() == "sqlite":
         database = url.database or ""
-        if database in ("", ":memory:") or "mode=memory" in str(url.query):
+        if (
+            database in ("", ":memory:")
+            or database.startswith("file::memory:")
+            or _query_value(url, "mode") == "memory"
+        ):
             raise InvalidArgumentError(
-                f"{safe_url_text(url)} is an in-memory SQLite database, private to one "
-                "connection: leases there protect nothing. Use a file (sqlite:///path/workers.db)"
+                f"{text} is an in-memory SQLite database, private to one connection: leases "
+                "there protect nothing. Use a file (sqlite:///path/workers.db)"
             )
+        return
+    if not (url.host or _query_value(url, "host") or _query_value(url, "unix_socket")):
+        raise InvalidArgumentError(
+            f"the worker database URL {text!r} names no host or socket, so the driver would "
+            "pick one from its defaults (environment, local socket); name it, e.g. "
+            "postgresql+psycopg://user@db.example.com/app or ...?host=/var/run/postgresql"
+        )
+    if not (url.database or _query_value(url, "dbname")):
+        raise InvalidArgumentError(
+            f"the worker database URL {text!r} names no database, so the driver would pick "
+            "one from its defaults (or none); add it, e.g. postgresql+psycopg://user@host/app"
+        )
+
+
+def _query_value(url: URL, name: str) -> str:
+    """A query parameter's (first) value, or ``""``; SQLAlchemy keeps repeats as a tuple."""
+    value = url.query.get(name)
+    if isinstance(value, tuple):
+        value = value[0] if value else None
+    return value or ""
 
 
 def make_engine(
