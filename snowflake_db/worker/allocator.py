@@ -161,6 +161,7 @@ class TableWorkerAllocator:
         )
         # Committed: only now may the heartbeat renew it and the generator use it.
         self._heartbeat.add(lease)
+        forking.release_at_child_exit()
         lease.wait_for_floor(self.max_floor_wait_ms)
         return lease
 
