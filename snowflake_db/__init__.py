@@ -19,6 +19,7 @@ from .errors import (
     InvalidLayoutError,
     LeaseExpiredError,
     NotConfiguredError,
+    SignalHandlersError,
     SnowflakeError,
     TimeExhaustedError,
     WorkerIdExhaustedError,
@@ -28,6 +29,7 @@ from .generator import DEFAULT_ROLLBACK_TOLERANCE_MS, MAX_IDS_PER_CALL, Snowflak
 from .layout import DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Layout, SnowflakeId
 from .lease import WorkerAllocator, WorkerLease
 from .process import configure, get_generator, reset, snowflake_default
+from .shutdown import install_signal_handlers
 
 __version__ = "0.1.0"
 
@@ -50,6 +52,7 @@ __all__ = [
     "LeaseExpiredError",
     "MonotonicClock",
     "NotConfiguredError",
+    "SignalHandlersError",
     "SnowflakeError",
     "SnowflakeGenerator",
     "SnowflakeId",
@@ -60,6 +63,7 @@ __all__ = [
     "WorkerLeaseError",
     "configure",
     "get_generator",
+    "install_signal_handlers",
     "reset",
     "snowflake_default",
     "wall_clock",

@@ -116,3 +116,11 @@ class ForeignIdError(InvalidIdError):
 
 class CommandError(SnowflakeError):
     """A mistake in a ``snowflake-db`` command line: reported on one line of stderr, exit 2."""
+
+
+# -- signals ----------------------------------------------------------------------------------
+
+
+class SignalHandlersError(SnowflakeError):
+    """``install_signal_handlers()`` cannot do what was asked (installed twice, not the main
+    thread); the message says what to do."""

@@ -21,6 +21,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ..shutdown import add_release_hook
+
 #: Per live allocator, weak references to its two hooks (it registers its own methods, so this
 #: module calls nothing private and keeps no allocator alive).
 _hooks: list[tuple[weakref.WeakMethod[Any], weakref.WeakMethod[Any]]] = []
@@ -86,3 +88,4 @@ def _at_exit() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(_at_exit)
+add_release_hook(_at_exit)  # snowflake_db.install_signal_handlers(): SIGTERM releases too
