@@ -94,15 +94,31 @@ def sqlalchemy_url(alias: str) -> URL:
     # Only string and integer OPTIONS fit a URL (e.g. sslmode, options, charset, init_command);
     # for others (such as a MySQL "ssl" dict) set SNOWFLAKE_DB["ENGINE_URL"].
     port = params.get("PORT")
+    host = params.get("HOST") or None
+    query = {k: str(v) for k, v in options.items() if isinstance(v, str | int)}
+    if host is None and not {"host", "unix_socket"} & set(query):
+        # An empty HOST is Django's way to say "the local server": the worker URL must name it
+        # (worker.connection.check_supported refuses driver defaults), so take the one Django's
+        # own connection uses.
+        if vendor == "postgresql":
+            query["host"] = _postgres_socket_dir(connection)
+        else:
+            host = "localhost"  # what MySQLdb and PyMySQL connect to when no host is given
     return URL.create(
         drivername,
         username=params.get("USER") or None,
         password=params.get("PASSWORD") or None,
-        host=params.get("HOST") or None,
+        host=host,
         port=int(port) if port else None,
         database=params.get("NAME") or None,
-        query={k: str(v) for k, v in options.items() if isinstance(v, str | int)},
+        query=query,
     )
+
+
+def _postgres_socket_dir(connection: Any) -> str:
+    """The host or socket directory Django's connection reached (libpq's default, PGHOST)."""
+    connection.ensure_connection()
+    return str(connection.connection.info.host)
 
 
 #: Allocators that have built their table allocator (and so may hold database connections).

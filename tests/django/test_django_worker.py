@@ -396,3 +396,31 @@ def test_command_lists_and_reaps_leases(tx_backend: str) -> None:
     assert slot.lease_token is None and slot.high_water_ms == 7  # the row and its mark stay
     assert WorkerSlot.objects.get(worker_id=1).lease_token == "a" * 32
     assert "reaped 0" in _run("reap", "--database", tx_backend)
+
+
+@backends("postgresql", "mariadb", transaction=True)
+def test_empty_host_means_the_local_server_django_uses(tx_backend: str) -> None:
+    """Django leaves HOST empty for the local socket; the worker URL must still name a server."""
+    from snowflake_db.django.worker import sqlalchemy_url
+    from snowflake_db.worker.connection import check_supported
+
+    connection = connections[tx_backend]
+    saved = connection.settings_dict["HOST"]
+    connection.close()
+    connection.settings_dict["HOST"] = ""
+    try:
+        url = sqlalchemy_url(tx_backend)
+        check_supported(url)  # refused before: no host or socket
+        if connection.vendor == "postgresql":
+            assert str(url.query["host"]).startswith("/")  # the socket directory
+        else:
+            assert url.host == "localhost"
+        allocator = DjangoTableWorkerAllocator(alias=tx_backend)
+        try:
+            lease = allocator.acquire(layout=LAYOUT, clock=snowflake_db.MonotonicClock())
+            assert 0 <= lease.worker_id <= LAYOUT.max_worker_id
+        finally:
+            allocator.close()
+    finally:
+        connection.close()
+        connection.settings_dict["HOST"] = saved
