@@ -188,10 +188,10 @@ def _configure_from_environment(
     if parent_pid is not None:
         raise ForkedWorkerIdError(
             f"{WORKER_ID_ENV}={raw_worker_id} was inherited from pid {parent_pid}, which forked or "
-            "spawned this process: every child it starts (gunicorn, Celery prefork, "
-            "multiprocessing) would share it and issue the same IDs. Use a table allocator "
-            f"({WORKER_URL_ENV} or configure(allocator=...)), or call configure(worker_id=N) "
-            "with a distinct N in each child."
+            "spawned this process: every child it starts (gunicorn, uvicorn --workers or "
+            "--reload, Celery prefork, multiprocessing) would share it and issue the same IDs. "
+            f"Use a table allocator ({WORKER_URL_ENV} or configure(allocator=...)), or call "
+            "configure(worker_id=N) with a distinct N in each child."
         )
     try:
         worker_id = int(raw_worker_id)
@@ -199,7 +199,14 @@ def _configure_from_environment(
         raise InvalidArgumentError(
             f"{WORKER_ID_ENV}={raw_worker_id!r} is not an integer worker ID"
         ) from None
-    require_int(WORKER_ID_ENV, worker_id, minimum=0)
+    effective = layout if layout is not None else Layout()
+    require_int(
+        WORKER_ID_ENV,
+        worker_id,
+        minimum=0,
+        maximum=effective.max_worker_id,
+        limit_note=f"{effective.worker_bits} worker bits",
+    )
     return configure(worker_id=worker_id, layout=layout, clock=clock, **generator_options)
 
 

@@ -409,3 +409,18 @@ def test_forked_child_of_a_configured_parent_is_refused() -> None:
     assert {decode(i).worker_id for i in child_ids} == {13}
     parent_ids += [snowflake_default() for _ in range(1000)]
     assert not set(child_ids) & set(parent_ids)
+
+
+def test_environment_errors_name_the_variable_and_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The process-wide generator configured from the environment, as a server's workers do."""
+    monkeypatch.delenv("SNOWFLAKE_WORKER_URL", raising=False)
+    monkeypatch.setenv("SNOWFLAKE_WORKER_ID", "5000")
+    with pytest.raises(InvalidArgumentError, match=r"SNOWFLAKE_WORKER_ID=5000 exceeds the maximum "
+                       r"1023 \(10 worker bits\)"):
+        snowflake_db.configure()
+    monkeypatch.delenv("SNOWFLAKE_WORKER_ID")
+    monkeypatch.setenv("SNOWFLAKE_WORKER_URL", "oracle://scott@db.example.com/orders")
+    with pytest.raises(InvalidArgumentError, match="unknown database 'oracle'"):
+        snowflake_db.configure()

@@ -3,6 +3,7 @@ never left to a driver's defaults or a later database error."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,26 @@ def test_the_longest_lease_is_accepted_and_stored(sqlite_db: ScratchDatabase) ->
 def test_reserve_ahead_above_the_maximum_is_refused(sqlite_db: ScratchDatabase) -> None:
     with pytest.raises(InvalidArgumentError, match=r"reserve_ahead_ms=10000000000000000 exceeds"):
         TableWorkerAllocator(sqlite_db.url_string, reserve_ahead_ms=10**16)
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_platform_style_urls_use_the_installed_driver(
+    backend: str, database_factory: Callable[[str], ScratchDatabase]
+) -> None:
+    """postgres://, mysql:// and mariadb:// as a platform's DATABASE_URL writes them."""
+    database = database_factory(backend)
+    url = database.url
+    schemes = ["postgres", "postgresql"] if backend == "postgresql" else ["mysql", "mariadb"]
+    for scheme in schemes:
+        text = url.set(drivername=scheme).render_as_string(hide_password=False)
+        with TableWorkerAllocator(text, lease_seconds=5) as allocator:
+            assert "+" in allocator.url.drivername  # the installed driver, named
+            lease = allocator.acquire(layout=Layout(), clock=MonotonicClock())
+            assert 0 <= lease.worker_id <= Layout().max_worker_id
+
+
+def test_an_unknown_database_or_driver_is_refused_naming_it() -> None:
+    with pytest.raises(InvalidArgumentError, match="unknown database 'oracle'"):
+        TableWorkerAllocator("oracle://scott@db.example.com/orders")
+    with pytest.raises(InvalidArgumentError, match="knows no postgresql driver 'nosuch'"):
+        TableWorkerAllocator("postgresql+nosuch://u@db.example.com/orders")

@@ -9,26 +9,18 @@ their own defaults and silently open some other server's database.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import TYPE_CHECKING
 
-from ..errors import CommandError
+from ..errors import CommandError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
 
-#: Shown in ``--help`` and in every refusal.
+#: Shown in ``--help`` and in every refusal (the CLI must start without SQLAlchemy installed).
 URL_FORMS = (
     "postgresql://USER@HOST/DB (or postgres://), mysql:// or mariadb://USER@HOST/DB, "
     "or sqlite:///PATH"
 )
-#: (backend, driver modules in order of preference as (module, SQLAlchemy driver name), extra)
-_DRIVERS = {
-    "postgresql": ((("psycopg", "psycopg"), ("psycopg2", "psycopg2")), "postgres"),
-    "mysql": ((("pymysql", "pymysql"), ("MySQLdb", "mysqldb")), "mysql"),
-    "mariadb": ((("pymysql", "pymysql"), ("MySQLdb", "mysqldb")), "mysql"),
-}
-_ALIASES = {"postgres": "postgresql"}
 #: Query parameters that name a local socket instead of a host.
 _SOCKET_PARAMETERS = {
     "postgresql": ("host",),
@@ -55,34 +47,20 @@ def resolve_url(text: str, origin: str) -> URL:
     except Exception:
         raise CommandError(f"{origin}{text!r} is not a database URL; use {URL_FORMS}") from None
     shown = url.render_as_string(hide_password=True)
-    backend, _, driver = url.drivername.partition("+")
-    backend = _ALIASES.get(backend, backend)
-    if backend == "sqlite":
+    if url.get_backend_name() == "sqlite":
         if url.database in (None, "", ":memory:"):
             raise CommandError(
                 f"{origin}{shown} names no SQLite file; use sqlite:///PATH (an in-memory "
                 "database is private to one connection)"
             )
         return url
-    if backend not in _DRIVERS:
-        raise CommandError(f"{origin}{shown}: unknown database {backend!r}; use {URL_FORMS}")
-    candidates, extra = _DRIVERS[backend]
-    if not driver:
-        installed = [name for module, name in candidates if importlib.util.find_spec(module)]
-        if not installed:
-            raise CommandError(
-                f"{origin}{shown}: no {backend} driver is installed; "
-                f"pip install 'snowflake-db[{extra}]'"
-            )
-        driver = installed[0]
-    url = url.set(drivername=f"{backend}+{driver}")
+    from ..worker.connection import with_installed_driver
+
     try:
-        url.get_dialect()
-    except Exception:
-        raise CommandError(
-            f"{origin}{shown}: SQLAlchemy knows no {backend} driver {driver!r}; leave it out "
-            f"({backend}://USER@HOST/DB picks the installed one)"
-        ) from None
+        url = with_installed_driver(url)
+    except InvalidArgumentError as error:
+        raise CommandError(f"{origin}{error}") from None
+    backend = url.get_backend_name()
     socket = any(url.query.get(name) for name in _SOCKET_PARAMETERS[backend])
     if not url.host and not socket:
         raise CommandError(

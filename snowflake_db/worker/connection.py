@@ -9,6 +9,7 @@ timeouts keep a hung network from blocking a renewal forever (the generator fenc
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,19 @@ from sqlalchemy.pool import ConnectionPoolEntry
 
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 from .retry import retry
+
+#: The URL forms accepted, for messages.
+URL_FORMS = (
+    "postgresql://USER@HOST/DB (or postgres://), mysql:// or mariadb://USER@HOST/DB, "
+    "or sqlite:///PATH"
+)
+#: backend -> (driver modules in order of preference as (module, SQLAlchemy driver), extra)
+_DRIVERS = {
+    "postgresql": ((("psycopg", "psycopg"), ("psycopg2", "psycopg2")), "postgres"),
+    "mysql": ((("pymysql", "pymysql"), ("MySQLdb", "mysqldb")), "mysql"),
+    "mariadb": ((("pymysql", "pymysql"), ("MySQLdb", "mysqldb")), "mysql"),
+}
+_BACKEND_ALIASES = {"postgres": "postgresql"}
 
 #: ``application_name`` of the allocator's PostgreSQL connections (see pg_stat_activity).
 APPLICATION_NAME = "snowflake_db worker leases"
@@ -34,15 +48,45 @@ def to_url(url_or_engine: str | URL | Engine) -> URL:
         if not url_or_engine.strip():
             raise InvalidArgumentError("the worker database URL is empty")
         try:
-            return make_url(url_or_engine)
+            url = make_url(url_or_engine.strip())
         except Exception as error:
             raise InvalidArgumentError(
                 f"cannot parse the worker database URL {safe_url_text(url_or_engine)!r}: {error}"
             ) from None
+        return with_installed_driver(url)
     raise InvalidArgumentTypeError(
         "TableWorkerAllocator needs a database URL (str or sqlalchemy URL) or an Engine, "
         f"got {type(url_or_engine).__name__}"
     )
+
+
+def with_installed_driver(url: URL) -> URL:
+    """``postgres://``, ``mysql://``, ``mariadb://`` (a platform's ``DATABASE_URL``) with the
+    installed driver named, or an error naming the URL and what to install or write instead."""
+    backend, _, driver = url.drivername.partition("+")
+    backend = _BACKEND_ALIASES.get(backend, backend)
+    if backend == "sqlite":
+        return url
+    text = safe_url_text(url)
+    if backend not in _DRIVERS:
+        raise InvalidArgumentError(f"{text}: unknown database {backend!r}; use {URL_FORMS}")
+    candidates, extra = _DRIVERS[backend]
+    if not driver:
+        installed = [name for module, name in candidates if importlib.util.find_spec(module)]
+        if not installed:
+            raise InvalidArgumentError(
+                f"{text}: no {backend} driver is installed; pip install 'snowflake-db[{extra}]'"
+            )
+        driver = installed[0]
+    url = url.set(drivername=f"{backend}+{driver}")
+    try:
+        url.get_dialect()
+    except Exception:  # SQLAlchemy raises its plugin loader's own errors
+        raise InvalidArgumentError(
+            f"{text}: SQLAlchemy knows no {backend} driver {driver!r}; leave it out "
+            f"({backend}://USER@HOST/DB picks the installed one)"
+        ) from None
+    return url
 
 
 def safe_url_text(url: str | URL) -> str:
