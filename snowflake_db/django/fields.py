@@ -18,8 +18,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.fields import NOT_PROVIDED
 from django.db.models.sql.compiler import SQLInsertCompiler
 
-from ..errors import InvalidIdError
-from ..process import snowflake_default
+from ..errors import GeneratorClosedError, InvalidIdError
+from ..generator import MAX_IDS_PER_CALL
+from ..process import get_generator, snowflake_default
 
 __all__ = [
     "EagerSnowflakeAutoField",
@@ -44,21 +45,25 @@ _PRE_SAVE_VAL_CODE = SQLInsertCompiler.pre_save_val.__code__
 #: On ModelState: the key a conflict-handling bulk_create gave an object, until its INSERT.
 _CONFLICT_KEY = "snowflake_conflict_key"
 
-#: The bulk_create frame last asked about and its answer: one look at its locals per call,
-#: not per object. Cleared by the first pre_save() after it, so the frame is not kept alive.
-_last_bulk_create: tuple[FrameType | None, bool] = (None, False)
-
-
 def _bulk_create_handles_conflicts(bulk_create: FrameType | None) -> bool:
     """True when this bulk_create frame ignores or updates conflicts (its ``on_conflict``)."""
-    global _last_bulk_create  # noqa: PLW0603 - a one-entry cache, replaced whole
-    answer = (
+    return (
         bulk_create is not None
         and bulk_create.f_code is _BULK_CREATE_CODE
         and bulk_create.f_locals.get("on_conflict") is not None
     )
-    _last_bulk_create = (bulk_create, answer)
-    return answer
+
+
+def _next_keys(count: int) -> list[int]:
+    """``count`` keys from the process-wide generator, in as few ``next_ids`` calls as allowed."""
+    keys: list[int] = []
+    while len(keys) < count:
+        size = min(count - len(keys), MAX_IDS_PER_CALL)
+        try:
+            keys += get_generator().next_ids(size)
+        except GeneratorClosedError:
+            keys += get_generator().next_ids(size)  # configure() replaced it in flight
+    return keys
 
 
 def _insert_handles_conflicts() -> bool:
@@ -165,10 +170,18 @@ class SnowflakeAutoField(models.BigAutoField):
         key = snowflake_default()
         if caller.f_code is not _PREPARE_BULK_CODE:
             return key
-        bulk_create = caller.f_back
-        cached_frame, conflicts = _last_bulk_create
-        if bulk_create is not cached_frame:  # the first object of this bulk_create
-            conflicts = _bulk_create_handles_conflicts(bulk_create)
+        # bulk_create asks object by object; the first question is answered for every object
+        # still without a key, with one next_ids() call, so Django asks no more.
+        conflicts = _bulk_create_handles_conflicts(caller.f_back)
+        waiting = [
+            obj
+            for obj in caller.f_locals.get("objs", ())
+            if obj is not instance and getattr(obj, self.attname) is None
+        ]
+        for obj, other_key in zip(waiting, _next_keys(len(waiting)), strict=True):
+            obj.__dict__[self.attname] = other_key
+            if conflicts:
+                obj._state.__dict__[_CONFLICT_KEY] = other_key
         if conflicts:
             # bulk_create(ignore_conflicts=True) or update_conflicts=True: Django cannot tell
             # which rows it wrote or which kept their old key. pre_save() puts the key into
@@ -189,9 +202,6 @@ class SnowflakeAutoField(models.BigAutoField):
             # an AutoField's does after the database returns it (refused if not an integer).
             value = _checked_key(self, value)
             setattr(model_instance, self.attname, value)
-        global _last_bulk_create  # noqa: PLW0603
-        if _last_bulk_create[0] is not None:
-            _last_bulk_create = (None, False)
         marks = model_instance._state.__dict__
         # The mark of a bulk_create that failed before its INSERT must not unset the key of a
         # later save(): only an INSERT that handles conflicts takes the key off the object.
