@@ -45,6 +45,7 @@ _PRE_SAVE_VAL_CODE = SQLInsertCompiler.pre_save_val.__code__
 #: On ModelState: the key a conflict-handling bulk_create gave an object, until its INSERT.
 _CONFLICT_KEY = "snowflake_conflict_key"
 
+
 def _bulk_create_handles_conflicts(bulk_create: FrameType | None) -> bool:
     """True when this bulk_create frame ignores or updates conflicts (its ``on_conflict``)."""
     return (
