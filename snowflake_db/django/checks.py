@@ -135,12 +135,11 @@ def _is_snowflake_auto_field(path: object) -> bool:
     return isinstance(field_class, type) and issubclass(field_class, SnowflakeAutoField)
 
 
-def _installed_elsewhere(path: str) -> bool:
-    """True for Django itself and for apps installed as packages (not the project's own)."""
+def _installed_roots() -> set[Path]:
+    """Where Django itself and apps installed as packages (not the project's own) live."""
     roots = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")}
     roots.add(Path(django.__file__).resolve().parent)
-    resolved = Path(path).resolve()
-    return any(resolved.is_relative_to(root) for root in roots)
+    return roots
 
 
 @register(Tags.models)
@@ -151,12 +150,13 @@ def check_app_auto_fields(
     if not _is_snowflake_auto_field(settings.DEFAULT_AUTO_FIELD):
         return []
     warnings: list[CheckMessage] = []
+    installed = _installed_roots()
     for app_config in app_configs or apps.get_app_configs():
         if (
             not app_config._is_default_auto_field_overridden
             or _is_snowflake_auto_field(app_config.default_auto_field)
             or app_config.label == APP_LABEL
-            or _installed_elsewhere(app_config.path)
+            or any(Path(app_config.path).resolve().is_relative_to(root) for root in installed)
         ):
             continue
         affected = [
