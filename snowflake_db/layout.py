@@ -327,3 +327,12 @@ LAYOUT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Layout) if f.init)
 _BIT_FIELDS = tuple(name for name in LAYOUT_FIELDS if name.endswith("_bits"))
 
 DEFAULT_LAYOUT = Layout()
+
+
+def require_layout(layout: object) -> Layout:
+    """``layout`` if it is a :class:`Layout`; anything else is refused, naming its type."""
+    if not isinstance(layout, Layout):
+        raise InvalidArgumentTypeError(
+            f"layout must be a snowflake_db.Layout, got {type(layout).__name__}"
+        )
+    return layout

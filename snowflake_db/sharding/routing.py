@@ -47,7 +47,7 @@ from ..errors import (
     UnknownShardError,
 )
 from ..generator import SnowflakeGenerator
-from ..layout import DEFAULT_LAYOUT, Layout
+from ..layout import DEFAULT_LAYOUT, Layout, require_layout
 from ..process import get_generator
 
 _MASK64 = (1 << 64) - 1
@@ -127,11 +127,7 @@ class ShardRouter:
         layout: Layout | None = None,
         logical_shards: int | None = None,
     ) -> None:
-        self.layout = layout if layout is not None else DEFAULT_LAYOUT
-        if not isinstance(self.layout, Layout):
-            raise InvalidArgumentTypeError(
-                f"layout must be a snowflake_db.Layout, got {type(layout).__name__}"
-            )
+        self.layout = require_layout(layout if layout is not None else DEFAULT_LAYOUT)
         if isinstance(targets, str):
             raise InvalidArgumentTypeError(
                 f"targets must be a sequence or mapping of target names, got the string {targets!r}"
