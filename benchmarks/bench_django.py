@@ -179,9 +179,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{rate[label] / rate['BigAutoField']:>6.3f} | {totals[label]:>8.2f} | "
               f"{index_bytes / 2**20:>12.1f} | {rows:>8,} |")
     verdict = "PASS" if ratio >= TARGET_RATIO else "FAIL"
+    floor = rate["SnowflakeAutoField"] / rate["EagerSnowflakeAutoField"]
     print()
     print(f"SnowflakeAutoField / BigAutoField = {ratio:.3f} "
           f"(target >= {TARGET_RATIO:.2f}): {verdict}")
+    # Information, not a target: the same rows when the objects already carry their keys (the
+    # floor for any key the application makes: one more column through Django and psycopg).
+    print(f"SnowflakeAutoField / EagerSnowflakeAutoField (keys given before bulk_create) = "
+          f"{floor:.3f}")
     return 1 if args.check and ratio < TARGET_RATIO else 0
 
 

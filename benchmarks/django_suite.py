@@ -63,10 +63,6 @@ EXPECTED: dict[str, str] = {
         "asserts AutoField's editable flag: the Snowflake key is not editable, which makes the "
         "admin render inline rows' keys as it does for AutoField"
     ),
-    "expressions.tests.BasicExpressionsTests.test_object_update_unsaved_objects": (
-        "a failed INSERT leaves the application-made key on the object (AutoField leaves None);"
-        " the next save() inserts the row under that unused key"
-    ),
     **{
         f"bulk_create.tests.BulkCreateTests.test_update_conflicts_{name}": _UPSERT
         for name in ("two_fields_unique_fields_first", "two_fields_unique_fields_second",

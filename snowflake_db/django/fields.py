@@ -9,14 +9,17 @@ the object is created, like any field with a callable default.
 
 from __future__ import annotations
 
+import functools
 import sys
 from types import FrameType
 from typing import Any
 
+from django.apps import apps as global_apps
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.fields import NOT_PROVIDED
 from django.db.models.sql.compiler import SQLInsertCompiler
+from django.utils.module_loading import import_string
 
 from ..errors import GeneratorClosedError, InvalidIdError
 from ..generator import MAX_IDS_PER_CALL
@@ -44,6 +47,15 @@ _PRE_SAVE_VAL_CODE = SQLInsertCompiler.pre_save_val.__code__
 
 #: On ModelState: the key a conflict-handling bulk_create gave an object, until its INSERT.
 _CONFLICT_KEY = "snowflake_conflict_key"
+#: On ModelState: the key pre_save() made for save(), until its INSERT succeeds or fails.
+_MADE_KEY = "snowflake_made_key"
+#: Set once this process has made a conflict mark; until then pre_save() need not look for one.
+_conflict_keys_handed_out = False
+
+
+def _note_conflict_keys_handed_out() -> None:
+    global _conflict_keys_handed_out  # noqa: PLW0603 - a one-way switch read once per row
+    _conflict_keys_handed_out = True
 
 
 def _bulk_create_handles_conflicts(bulk_create: FrameType | None) -> bool:
@@ -103,6 +115,60 @@ def _checked_key(field: models.Field, value: Any) -> Any:
     return key
 
 
+def _take_key_back_on_failed_insert(model: type[models.Model]) -> None:
+    """Wrap ``model._do_insert`` so an INSERT that fails leaves ``pk`` None, as AutoField's does.
+
+    ``pre_save()`` puts the key it makes on the object (and notes it) while the INSERT is
+    prepared: inside ``_do_insert`` on Django 5.2, just before it on 6.x. ``_do_insert``,
+    Django's hook for "insert this object" (called for the object and for each multi-table
+    parent), is where the INSERT's failure can be seen. Inherited wrappers are not wrapped again.
+    """
+    do_insert = model._do_insert
+    if getattr(do_insert, "_snowflake_takes_key_back", False):
+        return
+
+    @functools.wraps(do_insert)
+    def _do_insert(instance: Any, manager: Any, *args: Any, **kwargs: Any) -> Any:
+        key_field = manager.model._meta.pk
+        if not isinstance(key_field, SnowflakeAutoField):
+            return do_insert(instance, manager, *args, **kwargs)
+        try:
+            return do_insert(instance, manager, *args, **kwargs)
+        except BaseException:
+            made = instance._state.__dict__.pop(_MADE_KEY, None)
+            if made is not None and getattr(instance, key_field.attname) == made:
+                instance.__dict__[key_field.attname] = None
+            raise
+        finally:
+            instance._state.__dict__.pop(_MADE_KEY, None)  # written: the key is the row's
+
+    _do_insert._snowflake_takes_key_back = True  # type: ignore[attr-defined]
+    model._do_insert = _do_insert  # type: ignore[method-assign]
+
+
+def _takes_database_keys(meta: Any) -> bool:
+    """True where the key must stay database-generated although DEFAULT_AUTO_FIELD names this
+    field: Django's migration recorder, and migrations' copy of an auto-created many-to-many
+    table of an app whose ``AppConfig.default_auto_field`` is another field (contrib.auth's
+    ``AutoField``).
+
+    Migrations build such a table's key from DEFAULT_AUTO_FIELD (their app configs are stubs
+    without ``default_auto_field``), while the running app inserts into it as its own
+    ``AutoField``, leaving the key to the database. A plain BIGINT there fails every
+    ``user.groups.add()`` on PostgreSQL and MariaDB.
+    """
+    if meta.app_label == "migrations" and meta.db_table == "django_migrations":
+        return True
+    if not meta.auto_created or meta.apps is global_apps:
+        return False
+    try:
+        app_field = global_apps.get_app_config(meta.app_label).default_auto_field
+    except LookupError:
+        return False  # an app no longer installed: its tables are whatever they were
+    field_class = import_string(app_field) if isinstance(app_field, str) else app_field
+    return not (isinstance(field_class, type) and issubclass(field_class, SnowflakeAutoField))
+
+
 def _label(field: models.Field) -> str:
     model = getattr(field, "model", None)
     return f"{model._meta.label}.{field.name}" if model is not None else str(field.name)
@@ -141,11 +207,12 @@ class SnowflakeAutoField(models.BigAutoField):
 
     def contribute_to_class(self, cls: Any, name: str, *args: Any, **kwargs: Any) -> None:
         meta = cls._meta
-        if meta.app_label == "migrations" and meta.db_table == "django_migrations":
+        if _takes_database_keys(meta):
             # Django's MigrationRecorder model takes DEFAULT_AUTO_FIELD too
             # (django/db/migrations/recorder.py). Its rows must not need a worker ID: `migrate`
             # runs before the worker tables exist, and existing django_migrations tables often
-            # have a 32-bit id. There the field stays a plain database-generated BigAutoField.
+            # have a 32-bit id. There the field stays a plain database-generated BigAutoField,
+            # as it does for the many-to-many tables of apps with another auto field.
             self.database_generated = True
             self.db_returning = True
             super().contribute_to_class(cls, name, *args, **kwargs)
@@ -154,6 +221,7 @@ class SnowflakeAutoField(models.BigAutoField):
         # the INSERT when the pk is unset, expecting the database to fill it. This field stays
         # in the INSERT and pre_save() supplies the key.
         models.Field.contribute_to_class(self, cls, name, *args, **kwargs)
+        _take_key_back_on_failed_insert(cls)
 
     def get_pk_value_on_save(self, instance: Any) -> int | None:
         """The key for an object being inserted with ``pk`` None.
@@ -174,6 +242,8 @@ class SnowflakeAutoField(models.BigAutoField):
         # bulk_create asks object by object; the first question is answered for every object
         # still without a key, with one next_ids() call, so Django asks no more.
         conflicts = _bulk_create_handles_conflicts(caller.f_back)
+        if conflicts:
+            _note_conflict_keys_handed_out()  # before any object carries a mark
         waiting = [
             obj
             for obj in caller.f_locals.get("objs", ())
@@ -193,10 +263,13 @@ class SnowflakeAutoField(models.BigAutoField):
     def pre_save(self, model_instance: Any, add: bool) -> Any:
         """The key for the INSERT being built: made here for ``save()``."""
         value = getattr(model_instance, self.attname)
+        if type(value) is int and not _conflict_keys_handed_out:
+            return value  # bulk_create calls this once per row: the common case first
         if value is None:
             if add and not self.database_generated:
                 value = snowflake_default()
                 setattr(model_instance, self.attname, value)
+                model_instance._state.__dict__[_MADE_KEY] = value  # until the INSERT ends
             return value
         if type(value) is not int and not hasattr(value, "resolve_expression"):
             # An explicit key given as "123456": the object holds the int that is written, as
@@ -215,7 +288,8 @@ class SnowflakeAutoField(models.BigAutoField):
     def get_db_prep_save(self, value: Any, connection: BaseDatabaseWrapper) -> Any:
         if type(value) is int and _BIGINT_MIN <= value <= _BIGINT_MAX:
             # Every key this field makes: what AutoFieldMixin.get_db_prep_value returns for an
-            # int, without its int() round (bulk_create calls this once per row).
+            # int, without its int() round (bulk_create calls this once per row). MySQL's
+            # validate_autopk_value() refuses 0, as for an AutoField (Django's own suite checks).
             return connection.ops.validate_autopk_value(value)
         return super().get_db_prep_save(_checked_key(self, value), connection)
 
@@ -258,8 +332,7 @@ class EagerSnowflakeAutoField(SnowflakeAutoField):
         super().__init__(*args, **kwargs)
 
     def contribute_to_class(self, cls: Any, name: str, *args: Any, **kwargs: Any) -> None:
-        meta = cls._meta
-        if meta.app_label == "migrations" and meta.db_table == "django_migrations":
+        if _takes_database_keys(cls._meta):
             self.default = NOT_PROVIDED
         super().contribute_to_class(cls, name, *args, **kwargs)
 

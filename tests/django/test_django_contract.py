@@ -12,9 +12,11 @@ from django.core import serializers
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.db import IntegrityError, connections, transaction
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
 from snowflake_db.errors import InvalidIdError
+from tests.django.conftest import backends
 from tests.django_project.shop.models import Customer, Item, Order, Place, Restaurant, Sku, Tag
 
 
@@ -152,14 +154,40 @@ def test_fixtures_and_deserialisation_without_keys(backend: str, tmp_path: Path)
     assert json.loads(text)[0].get("pk") is None
 
 
-def test_failed_insert_is_retried_by_save(backend: str) -> None:
+def test_failed_insert_leaves_no_key_and_is_retried_by_save(backend: str) -> None:
     Sku.objects.create(code="dup")
     sku = Sku(code="dup")
     with pytest.raises(IntegrityError), transaction.atomic(using=backend):
         sku.save()
+    assert sku.pk is None  # as with AutoField: the key of the failed INSERT is taken back
     sku.code = "unique"
-    sku.save()
+    with CaptureQueriesContext(connections[backend]) as queries:
+        sku.save()
+    assert _statements(queries) == ["INSERT"]  # a new object again: no UPDATE probe
     assert Sku.objects.get(code="unique").pk == sku.pk
+    saved_key = sku.pk
+    with pytest.raises(IntegrityError), transaction.atomic(using=backend):
+        sku.save(force_insert=True)  # a second row under the same key: refused
+    assert sku.pk == saved_key  # a key the row has is never taken back
+
+
+def test_insert_that_fails_before_reaching_the_database_leaves_no_key(backend: str) -> None:
+    """Django's own case (expressions.tests.test_object_update_unsaved_objects): an F()
+    expression is refused while the INSERT is built, after pre_save() made the key."""
+    sku = Sku(code=F("code"))
+    with pytest.raises(ValueError, match="F\\(\\) expressions can only be used to update"):
+        sku.save()
+    assert sku.pk is None
+
+
+def test_failed_insert_of_a_multi_table_parent_leaves_no_key(backend: str) -> None:
+    restaurant = Restaurant(name=None)  # the Place row (name NOT NULL) fails
+    with pytest.raises(IntegrityError), transaction.atomic(using=backend):
+        restaurant.save()
+    assert restaurant.pk is None and restaurant.id is None
+    restaurant.name = "fixed"
+    restaurant.save()
+    assert Restaurant.objects.get(pk=restaurant.pk).name == "fixed"
 
 
 @pytest.mark.parametrize(
@@ -229,3 +257,29 @@ def test_an_explicit_key_given_as_text_is_an_int_after_save(backend: str) -> Non
     customer = Customer.objects.create(pk="123456789", name="ada")
     assert customer.pk == 123_456_789 and type(customer.pk) is int
     assert Customer.objects.get(pk=123_456_789).name == "ada"
+
+
+@backends("mariadb")
+def test_zero_key_is_refused_on_mysql_as_for_an_autofield(backend: str) -> None:
+    """MySQL reads 0 in an AutoField as "make one" (Django's test_zero_as_autoval)."""
+    with pytest.raises(ValueError, match="does not accept 0 as a value for AutoField"), (
+        transaction.atomic(using=backend)
+    ):
+        Customer.objects.bulk_create([Customer(name="valid"), Customer(pk=0, name="zero")])
+    assert not Customer.objects.exists()
+
+
+def test_many_to_many_tables_of_apps_with_their_own_auto_field(backend: str) -> None:
+    """contrib.auth declares AutoField for its models (AppConfig.default_auto_field): the
+    through tables of User.groups and User.user_permissions must take database keys."""
+    from django.contrib.auth.models import Group, Permission, User
+
+    user = User.objects.create(username="ada")
+    group = Group.objects.create(name="staff")
+    permission = Permission.objects.first()
+    assert permission is not None
+    user.groups.add(group)
+    user.user_permissions.add(permission)
+    group.permissions.add(permission)
+    assert list(user.groups.all()) == [group]
+    assert list(user.user_permissions.all()) == [permission]
