@@ -55,6 +55,19 @@ class ClockStalledError(ClockError):
     """The clock did not reach the next tick within the bounded wait."""
 
 
+class ClockSkewError(ClockError):
+    """This process's clock is further from the control database's clock than allowed.
+
+    Raised when a worker lease is requested: ``skew_ms`` is how far the clock is at least off
+    (positive: ahead of the database), ``bound_ms`` the allowed maximum. Nothing was written.
+    """
+
+    def __init__(self, skew_ms: int, bound_ms: int, detail: str) -> None:
+        self.skew_ms = skew_ms
+        self.bound_ms = bound_ms
+        super().__init__(detail)
+
+
 class TimeExhaustedError(SnowflakeError):
     """The current time lies past the last time the layout's time bits can represent."""
 
@@ -86,6 +99,19 @@ class WorkerLeaseError(SnowflakeError):
 
 class LeaseExpiredError(WorkerLeaseError):
     """The local lease deadline passed before the heartbeat could renew the lease."""
+
+
+class LayoutMismatchError(SnowflakeError):
+    """The worker tables serve another layout than this process's.
+
+    Two layouts sharing one worker table can issue the same 64-bit value from different worker
+    slots. ``recorded`` and ``given`` are the two layouts' ``Layout.as_kwargs()``.
+    """
+
+    def __init__(self, message: str, *, recorded: dict[str, int], given: dict[str, int]) -> None:
+        self.recorded = recorded
+        self.given = given
+        super().__init__(message)
 
 
 class AllocatorUnavailableError(SnowflakeError):
@@ -124,3 +150,21 @@ class CommandError(SnowflakeError):
 class SignalHandlersError(SnowflakeError):
     """``install_signal_handlers()`` cannot do what was asked (installed twice, not the main
     thread); the message says what to do."""
+
+
+# -- optional integrations --------------------------------------------------------------------
+
+
+class MissingExtraError(SnowflakeError, ImportError):
+    """An optional integration was imported without the package its extra installs.
+
+    The message names the module, the missing package and the ``pip install`` line.
+    """
+
+    def __init__(self, module: str, *, package: str, extra: str) -> None:
+        self.extra = extra
+        super().__init__(
+            f"{module} needs {package}, which is not installed: "
+            f"pip install 'snowflake-db[{extra}]'",
+            name=package,
+        )

@@ -8,7 +8,9 @@ next value from the iterator. Taking from a ``range`` iterator is one C call, at
 so every ID comes out exactly once without a lock on the hot path. Everything else (a new tick, a
 drained tick, a clock behind the last tick, fork detection, lease checks) happens in the slow path
 under a lock, at most once per tick. On free-threaded builds with the GIL disabled the whole call
-takes the lock.
+takes the lock. The hot path also reads one byte that the kernel zeroes in a forked child
+(:mod:`snowflake_db.forks`), so a child never takes IDs from its parent's window, even when the
+fork skipped Python's fork hooks.
 
 A window is installed only after every check has passed, and an exception in the slow path leaves
 the generator exactly as it was: no ID is ever issued twice, even after a failed call.
@@ -26,6 +28,7 @@ from collections.abc import Callable, Iterator
 from itertools import islice
 from operator import length_hint
 
+from . import forks
 from ._validate import require_int
 from .clock import Clock, MonotonicClock, default_clock
 from .errors import (
@@ -40,8 +43,9 @@ from .errors import (
     TimeExhaustedError,
     WorkerLeaseError,
 )
-from .layout import DEFAULT_LAYOUT, Layout
+from .layout import DEFAULT_LAYOUT, Layout, require_layout
 from .lease import WorkerAllocator, WorkerLease
+from .metrics import MetricsRecorder, MetricsSnapshot, snapshot_of
 
 #: How far behind its last tick the clock may fall before ``next_id`` raises: within it the
 #: generator keeps issuing from the last tick and waits only if that tick is used up.
@@ -49,6 +53,10 @@ DEFAULT_ROLLBACK_TOLERANCE_MS = 2000
 
 #: Slack added to every bounded wait for scheduling delays, before a stalled clock is reported.
 DEFAULT_MAX_WAIT_MS = 1000
+
+#: How far back ``next_ids`` may reach for ticks this generator left unused, instead of waiting
+#: for future ones (a batch of 10,000 IDs needs three 1 ms ticks of 4,096).
+MAX_BACKFILL_MS = 100
 
 #: Most IDs one ``next_ids`` call returns (about 2.4 s of a 12-bit sequence at 1 ms ticks, and
 #: some 400 MB of Python ints): ask again for more.
@@ -84,11 +92,7 @@ class SnowflakeGenerator:
         randomize_sequence_start: bool = False,
         max_wait_ms: int = DEFAULT_MAX_WAIT_MS,
     ) -> None:
-        self.layout = layout if layout is not None else DEFAULT_LAYOUT
-        if not isinstance(self.layout, Layout):
-            raise InvalidArgumentTypeError(
-                f"layout must be a snowflake_db.Layout, got {type(layout).__name__}"
-            )
+        self.layout = require_layout(layout if layout is not None else DEFAULT_LAYOUT)
         if (worker_id is None) == (allocator is None):
             raise InvalidArgumentError(
                 "pass exactly one of worker_id (a static worker ID) or allocator "
@@ -117,6 +121,7 @@ class SnowflakeGenerator:
         self._lock = threading.Lock()
         self._last_tick = -1
         self._setup_raw_clock()
+        self._metrics = MetricsRecorder.register(self, self.layout)
         self._retire_window()
         # The instance attribute shadows the method: callers get the lock-free closure.
         self.__dict__["next_id"] = self._build_next_id()
@@ -135,9 +140,9 @@ class SnowflakeGenerator:
         """
         count = require_int("n", n, minimum=0, maximum=MAX_IDS_PER_CALL, limit_note="per call")
         ids: list[int] = []
-        with self._lock:
+        with self._own_lock():
             while len(ids) < count:
-                iterator = self._usable_window()
+                iterator = self._usable_window(wanted=count - len(ids))
                 ids.extend(islice(iterator, count - len(ids)))
         return ids
 
@@ -167,7 +172,7 @@ class SnowflakeGenerator:
         issued up to ``tick`` (``configure`` replacing the process generator) must start above it.
         """
         require_int("tick", tick, minimum=-1)
-        with self._lock:
+        with self._own_lock():
             if tick > self._last_tick:
                 self._last_tick = tick
                 self._retire_window()
@@ -176,9 +181,14 @@ class SnowflakeGenerator:
     def lease(self) -> WorkerLease | None:
         return self._lease
 
+    def metrics(self, *, with_slots: bool = False) -> MetricsSnapshot:
+        """This generator's figures (see :mod:`snowflake_db.metrics`) with its allocator's
+        lease figures; ``with_slots=True`` also counts the control database's slots."""
+        return snapshot_of(self, with_slots=with_slots)
+
     def ensure_worker(self) -> int:
         """Acquire the lease now instead of on the first ID (to fail fast at start-up)."""
-        with self._lock:
+        with self._own_lock():
             self._check_usable()
             worker_id = self.worker_id
             assert worker_id is not None
@@ -186,11 +196,12 @@ class SnowflakeGenerator:
 
     def close(self) -> None:
         """Stop issuing IDs and release the lease (if any) so the slot can be reused."""
-        with self._lock:
+        with self._own_lock():
             if self._closed:
                 return
             self._closed = True
             self._retire_window()
+            self._metrics.generator_closed()
             lease, self._lease = self._lease, None
             if lease is not None and self._pid == os.getpid():
                 lease.release()
@@ -252,6 +263,7 @@ class SnowflakeGenerator:
 
     def _retire_window(self) -> None:
         """Make the hot path fall through to the slow path (no current window)."""
+        self._metrics.window_closed()
         iterator = _empty_iterator()
         self._iter = iterator
         self._window: tuple[int, int, Callable[[], int]] = (0, 0, iterator.__next__)
@@ -273,6 +285,7 @@ class SnowflakeGenerator:
             lease.issuing_through(layout.tick_start_ms(tick + 1) - 1)
             ceiling = self._tick_of_ms(lease.high_water_ms)
             if tick > ceiling:
+                self._metrics.lease_refused()
                 raise WorkerLeaseError(
                     f"worker {worker_id}: the clock reached tick {tick}, past the reserved "
                     f"high-water mark {lease.high_water_ms} ms (tick {ceiling}); no ID is issued "
@@ -286,6 +299,7 @@ class SnowflakeGenerator:
         end = base + layout.ids_per_tick * step
         iterator = iter(range(base + first_sequence * step, end, step))
         start = self._raw_epoch + tick * self._raw_tick
+        self._metrics.window_opened(iterator)
         self._iter = iterator
         self._last_tick = tick
         self._window = (start, start + self._raw_tick, iterator.__next__)
@@ -299,11 +313,12 @@ class SnowflakeGenerator:
         generator = self
         raw_clock = self._raw_clock
         slow = self._next_id_slow
+        ready = forks.ready  # 0 in a forked child until its reset ran: the window is the parent's
 
         def next_id() -> int:
             start, end, take = generator._window
             try:
-                if start <= raw_clock() < end:
+                if start <= raw_clock() < end and ready[0]:
                     return take()
             except (StopIteration, TypeError):
                 pass  # a drained window, or a clock reading that is no int: the slow path says
@@ -314,32 +329,64 @@ class SnowflakeGenerator:
 
     # -- slow path -----------------------------------------------------------------------------
 
+    def _own_lock(self) -> threading.Lock:
+        """The generator's lock, after this process's after-fork reset (a fork that skipped
+        Python's hooks left the parent's lock, perhaps held by a thread that is not here)."""
+        forks.reset_if_forked()
+        return self._lock
+
     def _next_id_slow(self) -> int:
-        with self._lock:
+        with self._own_lock():
             while True:
                 iterator = self._usable_window()
                 for snowflake_id in iterator:
                     return snowflake_id
                 # A lock-free caller drained the window between our checks: look again.
 
-    def _usable_window(self) -> Iterator[int]:
-        """Under the lock: return a window iterator that may issue now, waiting if needed."""
+    def _usable_window(self, wanted: int = 1) -> Iterator[int]:
+        """Under the lock: return a window iterator that may issue now, waiting if needed.
+
+        For ``wanted`` IDs that need several ticks, the window opens on the earliest tick that
+        lets them end on the current one, so a batch fills the ticks since the last one instead
+        of waiting for future ticks (:meth:`_backfill_start`).
+        """
         while True:
             self._check_usable()
             raw = self._read_raw()
             tick = self._tick_of_raw(raw)
             last = self._last_tick
             if tick > last:
+                if wanted > 1:
+                    tick = self._backfill_start(tick, last, wanted)
                 return self._open_window(tick)
             behind_ms = self.layout.tick_start_ms(last) - self._ms_of_raw(raw)
             if behind_ms > self.rollback_tolerance_ms:
+                self._metrics.clock_refused(behind_ms)
                 raise ClockMovedBackwardsError(behind_ms, self.rollback_tolerance_ms)
+            if behind_ms > 0:
+                self._metrics.clock_behind(behind_ms)
             if length_hint(self._iter) > 0:
                 # Same tick, or the clock is behind within tolerance: keep issuing from that tick.
                 return self._iter
             # The last tick is used up: wait for the next one, then check everything again
             # (the wait may have outlived the lease).
             self._wait_for_tick_after(last)
+
+    def _backfill_start(self, tick: int, last: int, wanted: int) -> int:
+        """The first tick for ``wanted`` IDs, the current one being ``tick``: never at or below
+        the last tick this generator issued from (or the floor a lease set), never before the
+        generator has such a tick (a new static generator does not know who used its worker ID
+        before it started), and at most :data:`MAX_BACKFILL_MS` back.
+
+        Those ticks are this worker ID's alone: above its own last IDs and above the previous
+        holder's high-water mark, so IDs stay unique and strictly increasing; they only carry a
+        time up to ``MAX_BACKFILL_MS`` before the call.
+        """
+        if last < 0:
+            return tick
+        layout = self.layout
+        back = min((wanted - 1) // layout.ids_per_tick, MAX_BACKFILL_MS // layout.tick_ms)
+        return max(last + 1, tick - back)
 
     def _wait_for_tick_after(self, last: int) -> int:
         """Wait (bounded) until the clock is past tick ``last``; raise if it goes back or stalls."""
@@ -351,10 +398,12 @@ class SnowflakeGenerator:
             raw = self._read_raw()
             tick = self._tick_of_raw(raw)
             if tick > last:
+                self._metrics.clock_waited(time.monotonic() - started)
                 return tick
             now_ms = self._ms_of_raw(raw)
             behind_ms = self.layout.tick_start_ms(last) - now_ms
             if behind_ms > self.rollback_tolerance_ms:
+                self._metrics.clock_refused(behind_ms)
                 raise ClockMovedBackwardsError(
                     behind_ms, self.rollback_tolerance_ms, "while waiting for the next tick"
                 )
@@ -376,13 +425,18 @@ class SnowflakeGenerator:
         if self._allocator is None:
             return
         lease = self._lease
-        if lease is not None and lease.lost:
-            self._drop_lease(release=False)
-            lease = None
+        if lease is not None:
+            renew_if_due = getattr(lease, "renew_if_due", None)
+            if renew_if_due is not None:
+                renew_if_due()  # a late heartbeat is made up here, before any fencing
+            if lease.lost:
+                self._drop_lease(release=False)
+                lease = None
         if lease is None:
             self._take_lease(self._allocator.acquire(layout=self.layout, clock=self.clock))
             return
         if time.monotonic() >= lease.valid_until:
+            self._metrics.lease_refused()
             raise LeaseExpiredError(
                 f"worker {self.worker_id}: the lease passed its local deadline without renewal, "
                 f"so no ID is issued until it is renewed or replaced ({lease.describe_problem()})"
@@ -423,11 +477,12 @@ class SnowflakeGenerator:
 _live_generators: weakref.WeakSet[SnowflakeGenerator] = weakref.WeakSet()
 
 
-def _after_fork_in_child() -> None:
-    """Give every inherited generator a fresh lock and send its next call to the slow path."""
+def _after_fork_in_child(parent_pid: int) -> None:
+    """Give every inherited generator a fresh lock and send its next call to the slow path,
+    where it drops what it inherited (:meth:`SnowflakeGenerator._adopt_after_fork`)."""
     for generator in list(_live_generators):
         generator._lock = threading.Lock()
         generator._retire_window()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+forks.on_fork(_after_fork_in_child)

@@ -14,6 +14,12 @@ A lease promises three things, which together make reusing a masked worker slot 
 The generator also says, before it opens each tick, how far it will issue
 (:meth:`WorkerLease.issuing_through`): a release then stores that instead of the whole reserve,
 so a clean exit frees the slot at once whatever the clock.
+
+Optionally, a lease renews itself when its renewer is late (:class:`SelfRenewingLease`): the
+generator calls ``renew_if_due()`` at every tick change, before it compares ``valid_until``
+with the clock, so a lease can be renewed by the caller instead of fenced while its background
+renewal waits for the CPU. A lease without the method is checked as before: renewing it is
+entirely its allocator's business.
 """
 
 from __future__ import annotations
@@ -70,4 +76,20 @@ class WorkerLease(Protocol):
 class WorkerAllocator(Protocol):
     def acquire(self, *, layout: Layout, clock: Clock) -> WorkerLease:
         """Claim a worker slot for this process; raise rather than return a shared one."""
+        ...
+
+
+@runtime_checkable
+class SelfRenewingLease(WorkerLease, Protocol):
+    """A :class:`WorkerLease` that its user can renew when its background renewal is late."""
+
+    def renew_if_due(self) -> None:
+        """Renew now, waiting a bounded time, if the lease is due and its renewer is late.
+
+        Called by the generator under its lock, at most once per tick and before it checks
+        ``valid_until``; it must be cheap when nothing is due, return within a bound far below
+        the lease length, and never raise for a database failure (the lease then simply stays
+        unrenewed and the generator fences at ``valid_until``). It must never run inside a
+        transaction of the caller's. Optional: the generator calls it only if it exists.
+        """
         ...

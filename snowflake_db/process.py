@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from . import forks
 from ._validate import require_int
 from .clock import Clock
 from .errors import (
@@ -52,6 +53,12 @@ _forked_from_pid: int | None = None
 _retired_ticks: dict[tuple[Layout, int], tuple[Clock, int]] = {}
 
 
+def _process_lock() -> threading.RLock:
+    """The module's lock, after this process's after-fork reset (see :mod:`snowflake_db.forks`)."""
+    forks.reset_if_forked()
+    return _lock
+
+
 def _unconfigured_next_id() -> int:
     return get_generator().next_id()
 
@@ -84,7 +91,7 @@ def configure(
     Extra keyword arguments go to :class:`SnowflakeGenerator`.
     """
     if worker_id is None and allocator is None:
-        with _lock:
+        with _process_lock():
             return _configure_from_environment(layout=layout, clock=clock, **generator_options)
     generator = SnowflakeGenerator(
         worker_id, layout=layout, clock=clock, allocator=allocator, **generator_options
@@ -98,16 +105,22 @@ def get_generator() -> SnowflakeGenerator:
     generator = _generator
     if generator is not None:
         return generator
-    with _lock:
+    with _process_lock():
         if _generator is not None:
             return _generator
         return _configure_from_environment()
 
 
+def current_generator() -> SnowflakeGenerator | None:
+    """The process-wide generator if one is configured; unlike :func:`get_generator`, never
+    configures one (for monitoring, which must not lease a worker ID)."""
+    return _generator
+
+
 def reset() -> None:
     """Close and forget the process-wide generator (tests, shutdown)."""
     global _generator, _next_id  # noqa: PLW0603
-    with _lock:
+    with _process_lock():
         previous, _generator = _generator, None
         _next_id = _unconfigured_next_id
         if previous is not None:
@@ -122,13 +135,13 @@ def overridden(generator: SnowflakeGenerator) -> Iterator[SnowflakeGenerator]:
     :func:`snowflake_db.testing.deterministic_ids`.
     """
     global _generator, _next_id
-    with _lock:
+    with _process_lock():
         saved = (_generator, _next_id)
         _generator, _next_id = generator, generator.next_id
     try:
         yield generator
     finally:
-        with _lock:
+        with _process_lock():
             _generator, _next_id = saved
 
 
@@ -139,7 +152,7 @@ def _install(generator: SnowflakeGenerator) -> None:
     windows it already opened. The new one starts above the last tick its worker ID used here.
     """
     global _generator, _next_id  # noqa: PLW0603
-    with _lock:
+    with _process_lock():
         previous = _generator
         if previous is not None and previous is not generator:
             _retire(previous)
@@ -239,11 +252,11 @@ def _multiprocessing_parent_pid() -> int | None:
     return None if parent is None else parent.pid
 
 
-def _after_fork_in_child() -> None:
+def _after_fork_in_child(parent_pid: int) -> None:
     global _forked_from_pid  # noqa: PLW0603
     global _lock  # noqa: PLW0603
-    _forked_from_pid = os.getppid()
+    _forked_from_pid = parent_pid
     _lock = threading.RLock()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+forks.on_fork(_after_fork_in_child)

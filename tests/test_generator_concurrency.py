@@ -7,10 +7,8 @@ the parent, so a failure in a child cannot go unnoticed.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import multiprocessing
 import random
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -239,29 +237,6 @@ def test_forked_child_closing_an_inherited_generator_never_releases_the_parent_l
     outcome = run_in_fork(child)["result"]
     assert outcome == {"released": False, "acquired_again": False}
     assert generator.next_id() > 0
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks through glibc")
-def test_fork_that_skips_python_fork_hooks_is_caught_at_the_next_tick() -> None:
-    """uWSGI forks from C and runs Python's fork hooks only when told to (see README): the
-    process ID check must still refuse the inherited static worker ID from the next tick on."""
-    # PyDLL keeps the GIL across the call, so the child never waits for a GIL held by a thread
-    # that was not copied into it.
-    libc_fork = ctypes.PyDLL(None, use_errno=True).fork
-    clock = FakeClock(DEFAULT_FAKE_START_MS)
-    generator = SnowflakeGenerator(5, clock=clock)
-    generator.next_ids(10)
-
-    def child() -> dict[str, str]:
-        clock.advance(1)
-        try:
-            generator.next_id()
-        except SnowflakeError as error:
-            return error_report(error)
-        return {"error": "none"}
-
-    outcome = run_in_fork(child, fork=libc_fork)["result"]
-    assert outcome["error"] == "ForkedWorkerIdError", outcome
 
 
 # -- multiprocessing ---------------------------------------------------------------------------
