@@ -113,7 +113,13 @@ THROUGHPUT_LAYOUT = Layout(time_bits=39, worker_bits=10, sequence_bits=14)
 def leased_vs_static(url: str, count: int, rounds: int) -> tuple[float, float, int]:
     """Best next_id() rates of a static and a leased generator, interleaved; and renewals."""
     layout = THROUGHPUT_LAYOUT
-    with TableWorkerAllocator(url, lease_seconds=1.5) as allocator:  # renews every 0.5 s
+    # Tables of its own: the latency runs recorded the default layout in the default tables.
+    with TableWorkerAllocator(
+        url,
+        lease_seconds=1.5,  # renews every 0.5 s
+        slots_table="throughput_slots",
+        registrations_table="throughput_registrations",
+    ) as allocator:
         leased = SnowflakeGenerator(allocator=allocator, layout=layout)
         leased.ensure_worker()
         static = SnowflakeGenerator(1023 - (leased.worker_id or 0), layout=layout)

@@ -37,8 +37,10 @@ def configured() -> Iterator[None]:
     snowflake_db.reset()
 
 
-def _slots(engine: Engine) -> list[Any]:
-    slots = worker_tables(MetaData()).slots
+def _slots(engine: Engine, table: str = "snowflake_worker_slots") -> list[Any]:
+    slots = worker_tables(
+        MetaData(), slots_table=table, registrations_table=f"{table}_registrations"
+    ).slots
     with engine.connect() as conn:
         return list(conn.execute(select(slots).order_by(slots.c.worker_id)).mappings())
 
@@ -128,7 +130,13 @@ def test_concurrent_sessions_never_duplicate(postgres_db: ScratchDatabase) -> No
     engine = create_engine(postgres_db.url, pool_size=8)
     _run_ops(engine, lambda op: op.create_snowflake_worker_tables())
     _run_ops(engine, lambda op: op.create_snowflake_id_function())
-    _run_ops(engine, lambda op: op.create_snowflake_id_function("tiny_next_id", layout=TINY))
+    # Another layout needs worker tables of its own (the tables record the layout they serve).
+    tiny_tables = {"slots_table": "tiny_slots", "registrations_table": "tiny_registrations"}
+    _run_ops(engine, lambda op: op.create_snowflake_worker_tables(**tiny_tables))
+    _run_ops(
+        engine,
+        lambda op: op.create_snowflake_id_function("tiny_next_id", layout=TINY, **tiny_tables),
+    )
     with engine.begin() as conn:
         conn.execute(
             text(
@@ -136,7 +144,8 @@ def test_concurrent_sessions_never_duplicate(postgres_db: ScratchDatabase) -> No
                 "tiny bigint NOT NULL UNIQUE DEFAULT tiny_next_id(), who text)"
             )
         )
-    (big_slot, tiny_slot) = sorted(_slots(engine), key=lambda s: -s["worker_id"])
+    (big_slot,) = _slots(engine)
+    (tiny_slot,) = _slots(engine, "tiny_slots")
     errors: list[BaseException] = []
     barrier = threading.Barrier(6)
 

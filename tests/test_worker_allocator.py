@@ -160,13 +160,19 @@ def test_full_1024_slot_exhaustion_on_postgresql(postgres_db: ScratchDatabase) -
 
 
 def test_restart_with_the_clock_set_back_never_reissues(any_db: ScratchDatabase) -> None:
-    layout = Layout(worker_bits=0)  # one slot: every holder reuses it
-    with allocator(any_db, lease_seconds=1.0) as alloc:
+    layout = Layout(worker_bits=1)  # two slots, one of them held while the other is reused
+    # A clock a minute off is refused at acquisition by default (ClockSkewError, tested in
+    # test_worker_clock_skew.py); allowed here, the high-water mark is what keeps IDs apart.
+    with allocator(any_db, lease_seconds=1.0, max_clock_skew_ms=600_000) as alloc:
+        holder = SnowflakeGenerator(allocator=alloc, layout=layout, clock=OffsetClock(-120_000))
+        held = holder.ensure_worker()  # issues nothing: its mark drops back to 0 on release
         first = SnowflakeGenerator(allocator=alloc, layout=layout, clock=OffsetClock(0))
         old_ids = first.next_ids(20_000)
+        used = _lease(first).worker_id
+        assert used != held
         reserved = _lease(first).high_water_ms
         first.close()  # the mark is lowered to the last tick issued (any clock)
-        stored = read_slots(any_db.url)[0]
+        stored = read_slots(any_db.url)[used]
         old_mark = max(layout.decode(i).timestamp_ms for i in old_ids)
         assert stored.state == "free" and stored.high_water_ms == old_mark <= reserved
 
@@ -174,16 +180,18 @@ def test_restart_with_the_clock_set_back_never_reissues(any_db: ScratchDatabase)
         behind = SnowflakeGenerator(allocator=alloc, layout=layout, clock=OffsetClock(-60_000))
         with pytest.raises(WorkerIdExhaustedError, match="high-water mark"):
             behind.next_id()
-        # With a second slot available, it takes that one instead.
-        two = Layout(worker_bits=1)
-        other = SnowflakeGenerator(allocator=alloc, layout=two, clock=OffsetClock(-60_000))
-        assert other.ensure_worker() == 1
+        # Once another slot is free (with a mark behind its clock), it takes that one instead.
+        holder.close()
+        other = SnowflakeGenerator(allocator=alloc, layout=layout, clock=OffsetClock(-60_000))
+        assert other.ensure_worker() == held
         other.close()
 
     # Set back by less than the allowed wait: it waits and issues only above the old mark.
     with allocator(any_db, lease_seconds=1.0, max_floor_wait_ms=5000) as alloc:
+        blocker = alloc.reserve_worker_id("busy", layout=layout, worker_id=held)
         again = SnowflakeGenerator(allocator=alloc, layout=layout, clock=OffsetClock(-700))
         new_ids = again.next_ids(20_000)
+        assert _lease(again).worker_id == used != blocker
         assert _lease(again).floor_ms == old_mark
         assert min(layout.decode(i).timestamp_ms for i in new_ids) > old_mark
         assert not set(new_ids) & set(old_ids)

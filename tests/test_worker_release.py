@@ -7,7 +7,13 @@ import subprocess
 import sys
 import time
 
-from snowflake_db import Layout, SnowflakeGenerator, wall_clock
+from snowflake_db import (
+    Layout,
+    MonotonicClock,
+    SnowflakeGenerator,
+    WorkerIdExhaustedError,
+    wall_clock,
+)
 from snowflake_db.worker import TableLease
 
 from .plugins.databases import ScratchDatabase
@@ -104,3 +110,29 @@ def test_sequential_processes_with_the_wall_clock_reuse_two_slots(
     assert all(0 <= worker <= 1 for worker, _ in results)
     rows = read_slots(any_db.url)
     assert all(row.state == "free" for row in rows.values())
+
+
+def test_an_unreleased_slot_is_parked_for_the_longer_of_lease_and_reserve(
+    any_db: ScratchDatabase,
+) -> None:
+    """The README's arithmetic: a holder that ends without releasing parks its slot for
+    max(lease_seconds, reserve_ahead_ms/1000 - max_floor_wait_ms/1000) after its last renewal:
+    the lease and the reserve run side by side."""
+    clock = MonotonicClock()
+    # lease 1 s, reserve 3 s, the next holder waits up to 0.5 s: parked ~2.5 s, not 1 s or 4 s.
+    with allocator(any_db, lease_seconds=1.0, reserve_ahead_ms=3000) as crashed:
+        lease = crashed.acquire(layout=SINGLE_SLOT, clock=clock)
+        lease.abandon()  # no more renewals, no release: a SIGKILLed holder
+        last_renewal = lease.renewed_at
+    with allocator(any_db, lease_seconds=1.0, max_floor_wait_ms=500) as next_holder:
+        time.sleep(max(0.0, last_renewal + 1.6 - time.monotonic()))
+        assert read_slots(any_db.url)[0].state == "expired"  # the lease alone is over...
+        try:
+            next_holder.acquire(layout=SINGLE_SLOT, clock=clock)
+        except WorkerIdExhaustedError as error:  # ...but the mark still parks the slot
+            assert "high-water mark more than 500 ms ahead" in str(error)
+        else:
+            raise AssertionError("the slot was handed out while its mark was 1.4 s ahead")
+        time.sleep(max(0.0, last_renewal + 3.2 - time.monotonic()))
+        taken = next_holder.acquire(layout=SINGLE_SLOT, clock=clock)
+        assert taken.worker_id == 0 and taken.floor_ms is not None

@@ -1,6 +1,7 @@
 """Alembic operations for Snowflake keys: ``import snowflake_db.alembic`` in ``env.py``.
 
 Registers ``op.create_snowflake_worker_tables``, ``op.drop_snowflake_worker_tables``,
+``op.create_snowflake_worker_layout_table``, ``op.drop_snowflake_worker_layout_table``,
 ``op.convert_to_snowflake_pk``, ``op.revert_snowflake_pk``, ``op.create_snowflake_id_function``,
 ``op.drop_snowflake_id_function`` and, for PostgreSQL partitioned order tables,
 ``op.create_shard_partitioned_table``, ``op.create_time_partitioned_table`` and
@@ -14,9 +15,11 @@ from .operations import (
     ConvertToSnowflakePkOp,
     CreateShardPartitionedTableOp,
     CreateSnowflakeIdFunctionOp,
+    CreateSnowflakeWorkerLayoutTableOp,
     CreateSnowflakeWorkerTablesOp,
     CreateTimePartitionedTableOp,
     DropSnowflakeIdFunctionOp,
+    DropSnowflakeWorkerLayoutTableOp,
     DropSnowflakeWorkerTablesOp,
     RevertSnowflakePkOp,
 )
@@ -26,9 +29,11 @@ __all__ = [
     "ConvertToSnowflakePkOp",
     "CreateShardPartitionedTableOp",
     "CreateSnowflakeIdFunctionOp",
+    "CreateSnowflakeWorkerLayoutTableOp",
     "CreateSnowflakeWorkerTablesOp",
     "CreateTimePartitionedTableOp",
     "DropSnowflakeIdFunctionOp",
+    "DropSnowflakeWorkerLayoutTableOp",
     "DropSnowflakeWorkerTablesOp",
     "RevertSnowflakePkOp",
     "SnowflakeMigrationError",

@@ -1,5 +1,6 @@
-"""Autogenerate helpers: the worker tables stay out of the diff, and a model switched to the
-Snowflake column helpers becomes ``op.convert_to_snowflake_pk`` instead of a bare type change.
+"""Autogenerate helpers: the worker tables stay out of the diff, a model switched to the
+Snowflake column helpers becomes ``op.convert_to_snowflake_pk`` instead of a bare type change,
+and a missing worker layout table becomes ``op.create_snowflake_worker_layout_table()``.
 
 A bare ``alter_column(type_=BigInteger)`` widens the key but keeps its sequence / identity /
 ``AUTO_INCREMENT`` and, on MariaDB, fails on the foreign keys that reference it.
@@ -13,8 +14,13 @@ from alembic.operations import ops
 from sqlalchemy import BigInteger, Integer, MetaData
 
 from ..sqlalchemy.columns import is_snowflake_column
-from ..worker.schema import DEFAULT_REGISTRATIONS_TABLE, DEFAULT_SLOTS_TABLE
-from .operations import ConvertToSnowflakePkOp
+from ..worker.schema import (
+    DEFAULT_LAYOUT_TABLE,
+    DEFAULT_REGISTRATIONS_TABLE,
+    DEFAULT_SLOTS_TABLE,
+    LAYOUT_TABLE_INFO_KEY,
+)
+from .operations import ConvertToSnowflakePkOp, CreateSnowflakeWorkerLayoutTableOp
 
 if TYPE_CHECKING:
     from alembic.migration import MigrationContext
@@ -22,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["include_object", "process_revision_directives"]
 
-_WORKER_TABLES = frozenset({DEFAULT_SLOTS_TABLE, DEFAULT_REGISTRATIONS_TABLE})
+_WORKER_TABLES = frozenset({DEFAULT_SLOTS_TABLE, DEFAULT_REGISTRATIONS_TABLE, DEFAULT_LAYOUT_TABLE})
 
 
 def include_object(
@@ -111,13 +117,28 @@ def _is_noop(op: ops.MigrateOperation) -> bool:
     )
 
 
+def _rewrite_layout_tables(upgrade_ops: ops.UpgradeOps) -> bool:
+    """A worker layout table to create (an install from before it) becomes the registered
+    operation, which creates it ``IF NOT EXISTS`` and reverses to its own drop."""
+    changed = False
+    for index, op in enumerate(upgrade_ops.ops):
+        if isinstance(op, ops.CreateTableOp) and LAYOUT_TABLE_INFO_KEY in op.info:
+            upgrade_ops.ops[index] = CreateSnowflakeWorkerLayoutTableOp(
+                slots_table=op.info[LAYOUT_TABLE_INFO_KEY], schema=op.schema
+            )
+            changed = True
+    return changed
+
+
 def process_revision_directives(
     context: MigrationContext, revision: Any, directives: list[Any]
 ) -> None:
     """``context.configure(process_revision_directives=...)`` hook: when a model's key moved to
     :func:`~snowflake_db.sqlalchemy.snowflake_column` from an integer, emit
     ``op.convert_to_snowflake_pk(...)`` (which also drops the sequence and widens foreign keys)
-    and ``op.revert_snowflake_pk(...)`` in the downgrade, instead of bare type changes."""
+    and ``op.revert_snowflake_pk(...)`` in the downgrade, instead of bare type changes; a
+    worker layout table missing from the database becomes
+    ``op.create_snowflake_worker_layout_table(...)``."""
     metadata = context.opts.get("target_metadata")
     if isinstance(metadata, (list, tuple)):
         metadata = metadata[0] if len(metadata) == 1 else None
@@ -127,5 +148,6 @@ def process_revision_directives(
         for upgrade_ops, downgrade_ops in zip(
             script.upgrade_ops_list, script.downgrade_ops_list, strict=False
         ):
-            if _rewrite(upgrade_ops, metadata):
+            converted = _rewrite(upgrade_ops, metadata)
+            if _rewrite_layout_tables(upgrade_ops) or converted:
                 upgrade_ops.reverse_into(downgrade_ops)

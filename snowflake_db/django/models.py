@@ -2,7 +2,7 @@
 
 Column names, types, nullability and the ``high_water_ms`` default must match the SQLAlchemy
 definition: the table allocator reads and writes these tables with its own SQL. A test compares
-the migrated tables with that definition on every backend.
+the migrated tables (the layout table's too) with that definition on every backend.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from django.db import models
 # The values of snowflake_db.worker.schema, repeated so importing the models needs no SQLAlchemy.
 SLOTS_TABLE = "snowflake_worker_slots"
 REGISTRATIONS_TABLE = "snowflake_worker_registrations"
+LAYOUT_TABLE = "snowflake_worker_layout"
 TOKEN_LENGTH = 32
 NAME_LENGTH = 255
+LAYOUT_TEXT_LENGTH = 1000
 
 
 class WorkerRegistration(models.Model):
@@ -63,3 +65,24 @@ class WorkerSlot(models.Model):
         if self.expires_at_ms is None:
             return "reserved"
         return "live" if self.expires_at_ms >= now_ms else "expired"
+
+
+class WorkerLayout(models.Model):
+    """The layout the worker tables serve: one row (id 1), written by the first process to lease.
+
+    Never edit it while processes run: a process with another layout is refused because two
+    layouts sharing the tables can issue the same ID.
+    """
+
+    id = models.IntegerField(primary_key=True)
+    layout = models.CharField(max_length=LAYOUT_TEXT_LENGTH)
+    recorded_at_ms = models.BigIntegerField()
+    hostname = models.CharField(max_length=NAME_LENGTH, null=True)
+    pid = models.IntegerField(null=True)
+
+    class Meta:
+        db_table = LAYOUT_TABLE
+        verbose_name = "worker layout"
+
+    def __str__(self) -> str:
+        return f"worker layout {self.layout}"

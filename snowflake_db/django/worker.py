@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DjangoTableWorkerAllocator",
     "configure_from_settings",
+    "control_allocator",
     "explain_invalid_settings",
     "sqlalchemy_url",
 ]
@@ -162,6 +163,17 @@ class DjangoTableWorkerAllocator:
         lease: WorkerLease = self.allocator.acquire(layout=layout, clock=clock)
         return lease
 
+    @property
+    def metrics_recorder(self) -> Any:
+        """The table allocator's lease figures (None before it is built): see
+        :mod:`snowflake_db.metrics`."""
+        allocator = self._allocator
+        return None if allocator is None else allocator.metrics_recorder
+
+    def slot_counts(self, layout: Layout | None = None) -> Any:
+        """The control database's slots by state (:class:`snowflake_db.metrics.SlotCounts`)."""
+        return self.allocator.slot_counts(layout)
+
     def close(self) -> None:
         """Release this process's leases and close the allocator's connections.
 
@@ -177,6 +189,24 @@ class DjangoTableWorkerAllocator:
     def __repr__(self) -> str:
         alias = self.alias or get_settings().control_database
         return f"<DjangoTableWorkerAllocator alias={alias!r}>"
+
+
+def control_allocator(alias: str | None = None) -> Any:
+    """A :class:`~snowflake_db.worker.TableWorkerAllocator` on the control database (or
+    ``alias``) with ``SNOWFLAKE_DB``'s tables and options, for inspection and maintenance
+    (``manage.py snowflake``, the admin): it creates no table and must be closed by the caller."""
+    from ..worker import TableWorkerAllocator
+
+    conf = get_settings()
+    alias = alias or conf.control_database
+    if conf.engine_url and alias == conf.control_database:
+        url: Any = conf.engine_url
+    else:
+        url = sqlalchemy_url(alias)
+    options = {**conf.allocator_options, "create_tables": False}
+    if conf.lease_seconds is not None:
+        options.setdefault("lease_seconds", conf.lease_seconds)
+    return TableWorkerAllocator(url, **options)
 
 
 @receiver(connection_created)

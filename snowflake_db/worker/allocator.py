@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any, TypeVar
 
@@ -20,22 +20,25 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
+from .. import forks
 from .._validate import require_int, require_seconds
-from ..clock import Clock
+from ..clock import Clock, default_clock
 from ..errors import (
     AllocatorUnavailableError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     SnowflakeError,
 )
-from ..layout import DEFAULT_LAYOUT, Layout
-from . import claims, forking
+from ..layout import DEFAULT_LAYOUT, Layout, require_layout
+from ..metrics import MetricsRecorder, SlotCounts
+from . import claims, clock_skew, forking
 from .connection import (
     check_supported,
     safe_url_text,
     to_url,
 )
 from .control import ControlDatabase
+from .layouts import RecordedLayout, recorded_layout
 from .lease import ABANDONED, HELD, LOST, RELEASED, Heartbeat, TableLease
 from .schema import DEFAULT_REGISTRATIONS_TABLE, DEFAULT_SLOTS_TABLE, NAME_LENGTH
 from .store import SlotRow, WorkerStore
@@ -49,6 +52,8 @@ DEFAULT_LEASE_SECONDS = 30.0
 MAX_LEASE_SECONDS = 86_400.0
 #: Default bound on waiting for a previous holder's high-water mark to pass (else: another slot).
 DEFAULT_MAX_FLOOR_WAIT_MS = 1000
+#: Longest a caller waits for a renewal it asked for (or found running) before going on.
+MAX_CALLER_WAIT_SECONDS = 1.0
 
 
 class TableWorkerAllocator:
@@ -65,6 +70,14 @@ class TableWorkerAllocator:
     the start of the last successful renewal on this process's monotonic clock. Each renewal
     stores a high-water mark ``reserve_ahead_ms`` (default the lease length) ahead of the clock.
     Both are at most :data:`MAX_LEASE_SECONDS` (one day).
+
+    Clocks: at every acquisition and renewal the clock given to ``acquire`` is compared with
+    the database clock (:mod:`snowflake_db.worker.clock_skew`). Beyond ``clock_skew_warning_ms``
+    a warning is logged; beyond ``max_clock_skew_ms`` (default: the generator's default rollback
+    tolerance, 2000 ms) acquisition raises :class:`~snowflake_db.ClockSkewError`.
+
+    Layout: the tables record the layout they serve (the first process's); acquiring with
+    another raises :class:`~snowflake_db.LayoutMismatchError` (:mod:`snowflake_db.worker.layouts`).
 
     The URL must name the control database fully: a host or socket and a database (a file for
     SQLite), never left to the driver's defaults.
@@ -83,6 +96,8 @@ class TableWorkerAllocator:
         safety_margin: float | None = None,
         reserve_ahead_ms: int | None = None,
         max_floor_wait_ms: int = DEFAULT_MAX_FLOOR_WAIT_MS,
+        clock_skew_warning_ms: int = clock_skew.DEFAULT_CLOCK_SKEW_WARNING_MS,
+        max_clock_skew_ms: int = clock_skew.DEFAULT_MAX_CLOCK_SKEW_MS,
         hostname: str | None = None,
         engine_options: Mapping[str, Any] | None = None,
     ) -> None:
@@ -117,6 +132,9 @@ class TableWorkerAllocator:
             limit_note="one day: the next holder of the slot would wait that long",
         )
         self.max_floor_wait_ms = require_int("max_floor_wait_ms", max_floor_wait_ms, minimum=0)
+        self.clock_skew = clock_skew.SkewPolicy(
+            warning_ms=clock_skew_warning_ms, max_ms=max_clock_skew_ms
+        )
         self.hostname = (hostname or socket.gethostname() or "unknown")[:NAME_LENGTH]
         self.store = WorkerStore(
             slots_table=slots_table, registrations_table=registrations_table, schema=schema
@@ -137,8 +155,20 @@ class TableWorkerAllocator:
             reserve_ahead_ms=self.reserve_ahead_ms,
             max_floor_wait_ms=self.max_floor_wait_ms,
         )
+        # A caller renews a lease itself once the heartbeat is a quarter of the slack between
+        # its renewal time and the local deadline late, and waits for that renewal at most a
+        # quarter of the heartbeat's period (never the whole remaining lease).
+        self._caller_grace = (self.lease_seconds - self.safety_margin - self.renew_every) / 4
+        self._caller_wait = min(self.renew_every / 4, MAX_CALLER_WAIT_SECONDS)
         self._where = f"{self.store.tables.slots.name} at {safe_url_text(self.url)}"
+        #: Lease figures for snowflake_db.metrics (acquisitions, renewals and their latency).
+        self.metrics_recorder = MetricsRecorder.register(self)
         forking.track(self._after_fork_in_child, self._close_at_exit)
+
+    @property
+    def where(self) -> str:
+        """The slots table and the control database (password hidden), for messages."""
+        return self._where
 
     @property
     def create_tables_on_demand(self) -> bool:
@@ -149,45 +179,101 @@ class TableWorkerAllocator:
 
     def acquire(self, *, layout: Layout, clock: Clock) -> TableLease:
         """Claim a worker slot for this process; raise rather than return a shared one."""
-        if not isinstance(layout, Layout):
-            raise InvalidArgumentTypeError(
-                f"layout must be a snowflake_db.Layout, got {type(layout).__name__}"
-            )
+        require_layout(layout)
         if not callable(clock):
             raise InvalidArgumentTypeError(f"clock must be a zero-argument callable, got {clock!r}")
-        lease = self._use(
-            "cannot lease a worker ID (there is no fallback worker ID)",
-            partial(self._acquire, layout=layout, clock=clock),
-        )
+        started = time.monotonic()
+        try:
+            lease = self._use(
+                "cannot lease a worker ID (there is no fallback worker ID)",
+                partial(self._acquire, layout=layout, clock=clock),
+            )
+        except SnowflakeError:
+            self.metrics_recorder.acquisition_failed(time.monotonic() - started)
+            raise
+        self.metrics_recorder.lease_acquired(time.monotonic() - started)
         # Committed: only now may the heartbeat renew it and the generator use it.
         self._heartbeat.add(lease)
         forking.release_at_child_exit()
         lease.wait_for_floor(self.max_floor_wait_ms)
         return lease
 
+    def check(self, *, layout: Layout, clock: Clock | None = None) -> int:
+        """Lease a worker ID and give it back at once; return the worker ID that was free.
+
+        For readiness and start-up probes (``snowflake-db workers check``): raises what
+        :meth:`acquire` would (layout mismatch, clock skew, exhaustion, database down). Nothing
+        stays behind: the slot is released with its high-water mark as it was (no ID was
+        issued) and the registration row is deleted.
+        """
+        lease = self.acquire(layout=layout, clock=clock if clock is not None else default_clock())
+        lease.issuing_through(0)  # nothing issued: release restores the previous holder's mark
+        try:
+            return lease.worker_id
+        finally:
+            lease.release()
+            self._use(
+                "cannot delete the check's registration row",
+                partial(self.store.forget_registration, registration_id=lease.registration_id),
+                transaction=True,
+            )
+
     # -- administration ----------------------------------------------------------------------
 
     def create_tables(self) -> None:
         """Create the worker tables if they are missing (safe when processes race to do it)."""
+        forks.reset_if_forked()
         try:
             with self._engine.connect() as connection:
                 self._control.create_tables(connection)
         except SQLAlchemyError as error:
             raise self._unavailable("cannot create the worker tables", error) from error
 
+    def recorded_layout(self) -> RecordedLayout | None:
+        """The layout the tables serve, or ``None`` before the first lease records one."""
+        return self._use(
+            "cannot read the recorded layout",
+            partial(recorded_layout, store=self.store, where=self._where),
+            transaction=True,
+        )
+
+    def measure_clock_skew(self, clock: Clock | None = None) -> clock_skew.ClockSkew:
+        """How far ``clock`` (default: the process clock) is from the database clock now."""
+        return self._use(
+            "cannot read the database clock",
+            partial(
+                clock_skew.measure,
+                store=self.store,
+                clock=clock if clock is not None else default_clock(),
+            ),
+            transaction=True,
+        )
+
     def workers(self) -> list[SlotRow]:
         """Every slot row (holder, expiry, high-water mark), stamped with the database time."""
         return self._use("cannot list worker slots", self.store.slots, transaction=True)
 
-    def reap(self) -> list[int]:
+    def reap(self, worker_ids: Iterable[int] | None = None) -> list[int]:
         """Clear the leases the database clock says have expired; returns their worker IDs.
 
         Live leases and permanent reservations are never touched, and the rows (with their
         high-water marks) stay. Acquisition takes expired slots anyway: reaping only tidies up.
+        ``worker_ids`` limits reaping to those slots (the Django admin's action on a selection).
         """
+        only = None
+        if worker_ids is not None:
+            only = [require_int("worker_id", worker_id, minimum=0) for worker_id in worker_ids]
         return self._use(
-            "cannot reap expired worker leases", self.store.reap, transaction=True
+            "cannot reap expired worker leases",
+            partial(self.store.reap, worker_ids=only),
+            transaction=True,
         )
+
+    def slot_counts(self, layout: Layout | None = None) -> SlotCounts:
+        """The layout's worker IDs by state, judged by the database clock (reads the slots
+        table; for monitoring and reports, never on the hot path)."""
+        layout = require_layout(layout if layout is not None else DEFAULT_LAYOUT)
+        return SlotCounts.of(self.workers(), layout, self.max_floor_wait_ms)
 
     def prune_registrations(self, older_than_seconds: float = 86_400.0) -> int:
         """Delete registration rows older than this that no slot refers to; returns how many.
@@ -260,6 +346,7 @@ class TableWorkerAllocator:
 
     def close(self) -> None:
         """Release this process's leases, stop the heartbeat and close the connections."""
+        forks.reset_if_forked()  # never the parent's heartbeat or pooled connections
         with self._lock:
             if self._closed:
                 return
@@ -284,6 +371,11 @@ class TableWorkerAllocator:
     # -- acquisition ---------------------------------------------------------------------------
 
     def _acquire(self, connection: Connection, *, layout: Layout, clock: Clock) -> TableLease:
+        # Before anything is written (the layout record included): a clock this far off is
+        # refused outright.
+        with connection.begin():
+            skew = clock_skew.measure(connection, self.store, clock)
+        self.clock_skew.at_acquisition(skew, self._where)
         taken = claims.acquire(
             connection,
             self.store,
@@ -305,6 +397,8 @@ class TableWorkerAllocator:
             where=self._where,
             release=self._release,
             abandon=self._abandon,
+            renew_for_caller=self._renew_for_caller,
+            caller_grace=self._caller_grace,
         )
 
     def _reserve(
@@ -320,6 +414,7 @@ class TableWorkerAllocator:
             layout=layout,
             worker_id=worker_id,
             registration_id=registration_id,
+            where=self._where,
         )
         return reserved
 
@@ -341,7 +436,9 @@ class TableWorkerAllocator:
                     lease_ms=round(self.lease_seconds * 1000),
                     high_water_ms=high_water_ms,
                 )
+                skew = clock_skew.measure(connection, self.store, lease.clock)
         except Exception as error:
+            self.metrics_recorder.renewal_failed(time.monotonic() - started)
             lease.failures += 1
             lease.last_error = _describe(error)
             lease.next_renewal_at = time.monotonic() + self.renew_every / 4
@@ -352,10 +449,12 @@ class TableWorkerAllocator:
                     lease.last_error,
                 )
             return
+        self.metrics_recorder.renewal_answered(time.monotonic() - started, renewed=renewed)
         with lease.lock:
             if lease.state != HELD:
                 return
             if renewed:
+                self.clock_skew.at_renewal(skew, lease.worker_id)
                 lease.renewed(
                     started=started,
                     valid_for=self.lease_seconds - self.safety_margin,
@@ -365,10 +464,59 @@ class TableWorkerAllocator:
                 return
             lease.end(LOST, "the slot was taken by another holder or reaped after it expired")
         self._heartbeat.discard(lease)
+        self.metrics_recorder.lease_lost()
         logger.warning(
             "snowflake_db: the lease on worker %d was lost; a new worker ID will be leased",
             lease.worker_id,
         )
+
+    def _renew_for_caller(self, lease: TableLease) -> None:
+        """A caller found the lease due and the heartbeat late: renew it now and wait, bounded.
+
+        The renewal runs on a short-lived thread on the allocator's engine (never in the
+        caller's transaction), so no driver can hold the caller longer than ``_caller_wait``;
+        it keeps running after the wait and updates the lease if it succeeds. Only one renewal
+        runs per lease: a caller that finds one running (the heartbeat's) waits for that one.
+        The caller blocks the generator meanwhile, which also hands its CPU share and the GIL
+        to the renewal. After a wait that timed out, callers leave the lease to the running
+        renewal and the heartbeat for a while (no renewal storm against a database that hangs).
+        """
+        if lease.state != HELD or lease.pid != os.getpid():
+            return
+        lease.caller_waits += 1
+        turn = lease.start_renewal()
+        if turn is None:
+            running = lease.renewal_in_flight()
+            if running is None:  # it has just finished
+                return
+            done = running.wait(self._caller_wait)
+        else:
+            thread = threading.Thread(
+                target=self._renew_in_background,
+                args=(lease, turn),
+                name="snowflake_db-renewal",
+                daemon=True,
+            )
+            try:
+                thread.start()
+            except RuntimeError:  # no new threads (interpreter shutting down): give the turn back
+                lease.finish_renewal(turn)
+                raise
+            done = turn.wait(self._caller_wait)
+        if not done:
+            lease.caller_not_before = time.monotonic() + self._caller_wait
+
+    def _renew_in_background(self, lease: TableLease, turn: threading.Event) -> None:
+        renewals = lease.renewals
+        try:
+            self._renew(lease)
+            if lease.renewals > renewals:
+                lease.caller_renewals += 1
+        except Exception:  # a thread of ours must not die with a traceback on stderr
+            logger.exception("snowflake_db: renewing %r for a caller failed unexpectedly", lease)
+            lease.next_renewal_at = time.monotonic() + 1.0
+        finally:
+            lease.finish_renewal(turn)
 
     def _release(self, lease: TableLease) -> None:
         with lease.lock:
@@ -410,6 +558,8 @@ class TableWorkerAllocator:
     # -- process hooks (see forking.py) -----------------------------------------------------
 
     def _after_fork_in_child(self, parent_pid: int) -> None:
+        """This allocator's part of the child's one after-fork reset (:mod:`snowflake_db.forks`):
+        fresh lock, the parent's pooled connections left open for it, its leases forgotten."""
         self._lock = threading.Lock()
         self._engine.dispose(close=False)
         for lease in self._heartbeat.inherited_leases():
@@ -425,6 +575,7 @@ class TableWorkerAllocator:
     # -- helpers -------------------------------------------------------------------------------
 
     def _check_open(self) -> None:
+        forks.reset_if_forked()  # a fork without Python's hooks: reset before any connection
         if self._closed:
             raise AllocatorUnavailableError(f"{self!r} was closed")
 

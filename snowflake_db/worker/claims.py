@@ -10,9 +10,13 @@ Every claim is atomic: a conditional UPDATE of a free or expired row, or an INSE
 guards, in a savepoint so a refusal undoes only that claim. Reading the slot table first is a hint
 for which slots to try, never a decision.
 
+Every claim first checks the layout record (:func:`~snowflake_db.worker.layouts.ensure_layout`):
+a process or reservation with another layout than the one the tables serve takes no slot.
+
 Acquisition, in short transactions on the allocator's own connection:
 
-1. insert a registration row and read its generated key back (RETURNING or lastrowid);
+1. check (or, on first use, record) the layout; insert a registration row and read its
+   generated key back (RETURNING or lastrowid);
 2. the preferred worker ID is ``key & layout.max_worker_id``; claim it;
 3. if it is held (wrap-around, gaps, repeated keys after a MariaDB restart), read the slot table
    and try the claimable slots in turn; after :data:`SCAN_ROUNDS` rounds raise
@@ -35,6 +39,7 @@ from sqlalchemy.exc import IntegrityError
 from ..clock import Clock
 from ..errors import WorkerIdExhaustedError
 from ..layout import Layout
+from .layouts import ensure_layout
 from .retry import retry, retry_conflicts
 from .store import Claim, SlotRow, WorkerStore
 
@@ -123,7 +128,7 @@ def acquire(
 ) -> Taken:
     """Claim a slot for a process in short transactions of its own (``connection`` has none open).
 
-    ``where`` names the table and database in the exhaustion message.
+    ``where`` names the table and database in the messages (exhaustion, layout mismatch).
     """
 
     def claim(worker_id: int, registration_id: int) -> Taken | None:
@@ -138,8 +143,12 @@ def acquire(
         )
 
     def register_and_claim() -> tuple[int, Taken | None]:
-        # The common case is this one transaction: register, claim the preferred slot, commit.
+        # The common case is this one transaction: check the layout, register, claim the
+        # preferred slot, commit.
         with connection.begin():
+            ensure_layout(
+                connection, store, layout, hostname=holder.hostname, pid=holder.pid, where=where
+            )
             registration_id = register(connection, store, holder)
             return registration_id, claim(registration_id & layout.max_worker_id, registration_id)
 
@@ -300,14 +309,25 @@ def reserve(
     layout: Layout,
     worker_id: int | None = None,
     registration_id: int | None = None,
+    where: str | None = None,
 ) -> tuple[int, int]:
     """Reserve a slot forever under ``label``; return ``(worker_id, high_water_ms)``.
 
     For a server-side ID function, which issues with the database clock: only a slot whose
     high-water mark is behind the database clock is taken, and the function must still start
     above the returned mark. ``worker_id`` asks for that slot; otherwise the highest claimable
-    one is taken (registrations start at the low end). Runs inside the caller's transaction.
+    one is taken (registrations start at the low end). Runs inside the caller's transaction;
+    ``layout`` must be the one the tables serve (recorded here if they have none yet), and
+    ``where`` names the tables in messages.
     """
+    ensure_layout(
+        connection,
+        store,
+        layout,
+        hostname=holder.hostname,
+        pid=holder.pid,
+        where=where or store.tables.slots.name,
+    )
     order = [worker_id] if worker_id is not None else range(layout.max_worker_id, -1, -1)
     rows = {row.worker_id: row for row in store.slots(connection)}
     for candidate in order:

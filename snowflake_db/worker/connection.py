@@ -19,6 +19,7 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
+from . import sqlite_fork_gate
 from .retry import retry
 
 #: The URL forms accepted, for messages.
@@ -181,6 +182,7 @@ def make_engine(
     engine = create_engine(url, connect_args=connect_args, **options)
     if backend == "sqlite":
         _serialise_sqlite_writes(engine)
+        sqlite_fork_gate.gate_engine(engine)  # a fork never copies SQLite mid-call
     return engine
 
 

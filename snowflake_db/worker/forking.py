@@ -2,13 +2,16 @@
 
 After ``os.fork()`` the child owns copies of the parent's pooled connections and leases. It must
 not use either: the connections' sockets are shared with the parent, and the leases are the
-parent's. The hook drops the pools without closing them (``Engine.dispose(close=False)``, see
-https://docs.sqlalchemy.org/en/20/core/pooling.html#using-connection-pools-with-multiprocessing-or-os-fork)
-and marks inherited leases abandoned; generators then lease a new worker ID lazily.
+parent's. Each allocator's part of the child's reset drops the pools without closing them
+(``Engine.dispose(close=False)``, see
+https://docs.sqlalchemy.org/en/20/core/pooling.html#using-connection-pools-with-multiprocessing-or-os-fork),
+marks inherited leases abandoned and starts a new heartbeat; generators then lease a new worker
+ID lazily. It runs as part of :mod:`snowflake_db.forks`' one reset per process: from Python's
+fork hook, or from the first allocator or generator call in a child forked without the hooks.
 
-``multiprocessing`` children (fork and forkserver) end with ``os._exit``, which skips ``atexit``;
-they run ``multiprocessing.util`` finalizers instead, so a child that takes a lease registers
-the exit hooks there too (:func:`release_at_child_exit`).
+Pool children (``multiprocessing`` fork and forkserver, billiard: Celery's prefork pool) end
+with ``os._exit``, which skips ``atexit``; a child that takes a lease runs the exit hooks from
+its pool's own exit path instead (:func:`release_at_child_exit`, :mod:`.child_exit`).
 """
 
 from __future__ import annotations
@@ -16,17 +19,17 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .. import forks
 from ..shutdown import add_release_hook
+from . import child_exit
 
 #: Per live allocator, weak references to its two hooks (it registers its own methods, so this
 #: module calls nothing private and keeps no allocator alive).
 _hooks: list[tuple[weakref.WeakMethod[Any], weakref.WeakMethod[Any]]] = []
-_pid = os.getpid()
 #: The process whose multiprocessing exit path already runs the exit hooks.
 _finalizer_pid: int | None = None
 
@@ -53,39 +56,32 @@ def _live() -> list[tuple[Callable[..., None], Callable[..., None]]]:
 
 
 def release_at_child_exit() -> None:
-    """In a ``multiprocessing`` child, run the exit hooks from multiprocessing's own exit path.
+    """In a pool child that will end with ``os._exit``, run the exit hooks from its pool's own
+    exit path: multiprocessing's finalizers, or a billiard pool worker's ``on_exit``.
 
-    Its ``Process._bootstrap`` ends the child with ``os._exit`` after running the finalizers
-    registered in the child (``multiprocessing.util._exit_function``; the ones inherited are
-    cleared when the child starts). Called whenever a lease is taken, so a recycled pool worker
-    (``maxtasksperchild``, Celery's ``--max-tasks-per-child``) frees its slot as it ends rather
-    than parking it for the lease length. Once per process; a no-op outside such children.
+    Called whenever a lease is taken, so a recycled pool worker (``maxtasksperchild``, Celery's
+    ``--max-tasks-per-child``) frees its slot as it ends rather than parking it for the lease
+    length. Once per process; a no-op outside such children.
     """
     global _finalizer_pid  # noqa: PLW0603
     pid = os.getpid()
     if _finalizer_pid == pid:
         return
-    multiprocessing = sys.modules.get("multiprocessing")
-    if multiprocessing is None or multiprocessing.parent_process() is None:
-        return
-    from multiprocessing import util
-
-    util.Finalize(None, _at_exit, exitpriority=0)
-    _finalizer_pid = pid
+    if child_exit.via_billiard(_at_exit) or child_exit.via_multiprocessing(_at_exit):
+        _finalizer_pid = pid
 
 
-def _after_fork_in_child() -> None:
-    global _pid
-    parent_pid, _pid = _pid, os.getpid()
+def _after_fork_in_child(parent_pid: int) -> None:
     for after_fork, _ in _live():
         after_fork(parent_pid)
 
 
 def _at_exit() -> None:
+    forks.reset_if_forked()  # a child forked without the hooks must not close the parent's pools
     for _, at_exit in _live():
         at_exit()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+forks.on_fork(_after_fork_in_child)
 atexit.register(_at_exit)
 add_release_hook(_at_exit)  # snowflake_db.install_signal_handlers(): SIGTERM releases too

@@ -1,8 +1,12 @@
 """A held worker slot (:class:`TableLease`) and the heartbeat thread that renews it.
 
 State a generator reads (``valid_until``, ``high_water_ms``, ``lost``) is plain attributes,
-written only by the heartbeat after the database has accepted the new values: a generator can
-never see a high-water mark that is not already stored.
+written only by a renewal after the database has accepted the new values: a generator can never
+see a high-water mark that is not already stored.
+
+Renewals run one at a time per lease. The heartbeat runs them on schedule; when it is late (a
+starved thread under CPU overload), the generator's own caller starts one through
+:meth:`TableLease.renew_if_due` and waits for it, bounded (see the allocator).
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("snowflake_db.worker")
 
+#: How long the heartbeat waits for a caller's running renewal before looking again.
+_IN_FLIGHT_POLL_SECONDS = 1.0
+
 HELD = "held"
 LOST = "lost"
 RELEASED = "released"
@@ -31,7 +38,8 @@ ABANDONED = "abandoned"
 class TableLease:
     """A worker ID held by this process until ``valid_until`` (monotonic seconds).
 
-    Implements :class:`snowflake_db.WorkerLease`. ``floor_ms`` is the previous holder's
+    Implements :class:`snowflake_db.lease.SelfRenewingLease` (a :class:`snowflake_db.WorkerLease`
+    that a caller renews when the heartbeat is late). ``floor_ms`` is the previous holder's
     high-water mark, ``high_water_ms`` the largest timestamp this holder may issue.
     """
 
@@ -49,6 +57,8 @@ class TableLease:
         where: str,
         release: Callable[[TableLease], None],
         abandon: Callable[[TableLease], None],
+        renew_for_caller: Callable[[TableLease], None] | None = None,
+        caller_grace: float = 0.0,
     ) -> None:
         self._worker_id = worker_id
         self.token = token
@@ -70,6 +80,16 @@ class TableLease:
         self._problem = ""
         self._release = release
         self._abandon = abandon
+        self._renew_for_caller = renew_for_caller
+        #: How late the heartbeat may be before a caller renews the lease itself.
+        self.caller_grace = caller_grace
+        #: No caller starts or awaits a renewal before this (monotonic; after a wait timed out).
+        self.caller_not_before = 0.0
+        #: Renewals a caller started (heartbeat late) and that succeeded; and how often a
+        #: caller waited for a renewal (its own or the heartbeat's running one).
+        self.caller_renewals = 0
+        self.caller_waits = 0
+        self._in_flight: threading.Event | None = None  # set when the running renewal ends
 
     # -- the WorkerLease protocol ----------------------------------------------------------
 
@@ -109,6 +129,24 @@ class TableLease:
         if issued is None or timestamp_ms > issued:
             self._issued_through_ms = timestamp_ms
 
+    def renew_if_due(self) -> None:
+        """Renew now if the heartbeat is late (the generator calls this once per tick).
+
+        Cheap when nothing is due: two comparisons. When the heartbeat has missed its time by
+        more than ``caller_grace``, the allocator renews on the caller's behalf and waits for
+        it, bounded; the caller then checks ``valid_until`` as always. Never raises.
+        """
+        now = time.monotonic()
+        if now < self.next_renewal_at + self.caller_grace or now < self.caller_not_before:
+            return
+        renew = self._renew_for_caller
+        if renew is None or self.state != HELD:
+            return
+        try:
+            renew(self)
+        except Exception:  # the caller fences on valid_until; the heartbeat keeps trying
+            logger.exception("snowflake_db: renewing %r for a caller failed unexpectedly", self)
+
     def release(self) -> None:
         """Give the slot back (a no-op in a forked child or after it was lost)."""
         self._release(self)
@@ -118,6 +156,27 @@ class TableLease:
         self._abandon(self)
 
     # -- used by the allocator -------------------------------------------------------------
+
+    def start_renewal(self) -> threading.Event | None:
+        """Claim the lease's one renewal slot; ``None`` when a renewal is already running.
+
+        Whoever gets the event runs the renewal and passes it to :meth:`finish_renewal`;
+        others may wait on :meth:`renewal_in_flight` instead of starting another.
+        """
+        with self.lock:
+            if self._in_flight is not None:
+                return None
+            self._in_flight = threading.Event()
+            return self._in_flight
+
+    def renewal_in_flight(self) -> threading.Event | None:
+        return self._in_flight
+
+    def finish_renewal(self, turn: threading.Event) -> None:
+        with self.lock:
+            if self._in_flight is turn:
+                self._in_flight = None
+        turn.set()
 
     def wait_for_floor(self, max_wait_ms: int) -> None:
         """Wait (bounded) until the clock is past the previous holder's high-water mark."""
@@ -169,6 +228,7 @@ class TableLease:
     def forget_after_fork(self, parent_pid: int) -> None:
         """In a forked child: the lease is the parent's; never renew, release or use it."""
         self.lock = threading.Lock()  # the parent's heartbeat may have held it at the fork
+        self._in_flight = None  # the thread renewing it did not cross the fork
         self.end(ABANDONED, f"inherited from pid {parent_pid} across a fork")
 
     def __repr__(self) -> str:
@@ -239,8 +299,20 @@ class Heartbeat:
             if due is None:
                 return
             for lease in due:
+                if lease.next_renewal_at > time.monotonic():
+                    continue  # a caller renewed it meanwhile
+                turn = lease.start_renewal()
+                if turn is None:
+                    # A caller's renewal is running: wait for it rather than run another
+                    # (bounded, so stop() is still heard); it reschedules the lease.
+                    running = lease.renewal_in_flight()
+                    if running is not None:
+                        running.wait(_IN_FLIGHT_POLL_SECONDS)
+                    continue
                 try:
                     self._renew(lease)
                 except Exception:  # the heartbeat must outlive any surprise
                     logger.exception("snowflake_db: renewing %r failed unexpectedly", lease)
                     lease.next_renewal_at = time.monotonic() + 1.0
+                finally:
+                    lease.finish_renewal(turn)

@@ -1,6 +1,6 @@
-"""The two worker tables, defined once for SQLAlchemy, Alembic and Django to mirror.
+"""The worker tables, defined once for SQLAlchemy, Alembic and Django to mirror.
 
-Both tables live in one *control* database (not in every shard). Every time value is a
+All three tables live in one *control* database (not in every shard). Every time value is a
 ``BIGINT`` of Unix milliseconds: lease times (``*_at_ms``) come from the **database clock**, the
 high-water mark from the **holder's clock**. Integers avoid time-zone and precision differences
 between PostgreSQL, MariaDB/MySQL and SQLite, so one set of statements serves all three.
@@ -38,6 +38,23 @@ column               type               meaning
                      DEFAULT 0          issue; the next holder issues only above it
 ===================  =================  ===========================================================
 
+``snowflake_worker_layout`` (:func:`layout_table_name` of the slots table) — the layout served
+
+==================  =================  ==========================================================
+column              type               meaning
+==================  =================  ==========================================================
+``id``              INTEGER PK         always :data:`LAYOUT_RECORD_ID` (1): one row, so the first
+                                       INSERT wins and every later one fails on the key
+``layout``          VARCHAR(1000)      ``Layout.as_kwargs()`` as canonical JSON (sorted keys)
+``recorded_at_ms``  BIGINT             database time of the recording
+``hostname``        VARCHAR(255) NULL  host of the process that recorded it
+``pid``             INTEGER NULL       its process ID
+==================  =================  ==========================================================
+
+Every process using the tables must use the recorded layout (:mod:`snowflake_db.worker.layouts`):
+two layouts sharing one slots table can issue the same 64-bit value from different slots. Tables
+without the row adopt the layout of the first process that leases from them.
+
 A slot is claimable when ``lease_token IS NULL OR expires_at_ms < <database now>``. Slot rows are
 never deleted (not even by ``snowflake-db workers reap``): the row carries the high-water mark that
 makes reusing the worker ID safe. Mirrors of this schema (Alembic operation, Django model) must keep
@@ -57,6 +74,14 @@ from ..errors import InvalidArgumentError
 DEFAULT_SLOTS_TABLE = "snowflake_worker_slots"
 #: Default name of the auto-increment registrations table.
 DEFAULT_REGISTRATIONS_TABLE = "snowflake_worker_registrations"
+#: Name of the layout table that goes with the default slots table (see layout_table_name).
+DEFAULT_LAYOUT_TABLE = "snowflake_worker_layout"
+#: The key of the layout table's one row.
+LAYOUT_RECORD_ID = 1
+#: Length of the recorded layout's JSON text.
+LAYOUT_TEXT_LENGTH = 1000
+#: ``Table.info`` key of a layout table: the name of its slots table.
+LAYOUT_TABLE_INFO_KEY = "snowflake_db_layout_of"
 
 #: Length of the random lease token (hex characters).
 TOKEN_LENGTH = 32
@@ -68,10 +93,11 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
 class WorkerTables(NamedTuple):
-    """The slots and registrations :class:`~sqlalchemy.Table` objects of one metadata."""
+    """The slots, registrations and layout :class:`~sqlalchemy.Table` objects of one metadata."""
 
     slots: Table
     registrations: Table
+    layout: Table
 
 
 def validate_identifier(name: str, what: str = "table name") -> str:
@@ -80,6 +106,24 @@ def validate_identifier(name: str, what: str = "table name") -> str:
         raise InvalidArgumentError(
             f"{what} {name!r} is not a plain identifier: use 1 to 63 letters, digits or "
             "underscores, not starting with a digit"
+        )
+    return name
+
+
+def layout_table_name(slots_table: str) -> str:
+    """The layout table of a slots table: ``_slots`` becomes ``_layout``, else ``_layout`` is
+    appended (``snowflake_worker_slots`` -> ``snowflake_worker_layout``).
+
+    Derived rather than configured, so tables given their own names (to keep two services with
+    different layouts apart) always get their own layout record too.
+    """
+    validate_identifier(slots_table)
+    stem = slots_table[: -len("_slots")] if slots_table.endswith("_slots") else slots_table
+    name = f"{stem}_layout"
+    if len(name) > 63:
+        raise InvalidArgumentError(
+            f"slots table name {slots_table!r} is too long: its layout table {name!r} would "
+            "exceed 63 characters; use a slots table name of at most 56 characters"
         )
     return name
 
@@ -104,10 +148,22 @@ def worker_tables(
         raise InvalidArgumentError(
             f"slots_table and registrations_table must differ (both are {slots_table!r})"
         )
-    key = f"{schema}.{slots_table}" if schema else slots_table
-    if key in metadata.tables:
-        registrations_key = f"{schema}.{registrations_table}" if schema else registrations_table
-        return WorkerTables(metadata.tables[key], metadata.tables[registrations_key])
+    layout_table = layout_table_name(slots_table)
+    if layout_table == registrations_table:
+        raise InvalidArgumentError(
+            f"registrations_table {registrations_table!r} is the name of the layout table that "
+            f"goes with slots_table {slots_table!r}; choose another name"
+        )
+
+    def key(name: str) -> str:
+        return f"{schema}.{name}" if schema else name
+
+    if key(slots_table) in metadata.tables:
+        return WorkerTables(
+            metadata.tables[key(slots_table)],
+            metadata.tables[key(registrations_table)],
+            metadata.tables[key(layout_table)],
+        )
     registrations = Table(
         registrations_table,
         metadata,
@@ -141,4 +197,16 @@ def worker_tables(
         Column("high_water_ms", BigInteger, nullable=False, server_default=text("0")),
         schema=schema,
     )
-    return WorkerTables(slots, registrations)
+    layout = Table(
+        layout_table,
+        metadata,
+        Column("id", Integer, primary_key=True, autoincrement=False),
+        Column("layout", String(LAYOUT_TEXT_LENGTH), nullable=False),
+        Column("recorded_at_ms", BigInteger, nullable=False),
+        Column("hostname", String(NAME_LENGTH), nullable=True),
+        Column("pid", Integer, nullable=True),
+        schema=schema,
+        # Lets Alembic autogenerate write op.create_snowflake_worker_layout_table() for it.
+        info={LAYOUT_TABLE_INFO_KEY: slots_table},
+    )
+    return WorkerTables(slots, registrations, layout)

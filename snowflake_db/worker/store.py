@@ -35,6 +35,7 @@ from ..errors import WorkerLeaseError
 from .schema import (
     DEFAULT_REGISTRATIONS_TABLE,
     DEFAULT_SLOTS_TABLE,
+    LAYOUT_RECORD_ID,
     NAME_LENGTH,
     WorkerTables,
     worker_tables,
@@ -112,6 +113,16 @@ class SlotRow:
         if self.reserved:
             return "reserved"
         return "live" if self.live else "expired"
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutRow:
+    """The layout table's row: the layout's JSON text and who recorded it when."""
+
+    layout: str
+    recorded_at_ms: int
+    hostname: str | None
+    pid: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +360,45 @@ class WorkerStore:
         )
         return result.rowcount == 1
 
+    # -- the layout record ----------------------------------------------------------------------
+
+    def read_layout(self, connection: Connection) -> LayoutRow | None:
+        """The recorded layout row, if any (a plain read: the row never changes once written)."""
+        table = self.tables.layout
+        row = connection.execute(
+            select(table.c.layout, table.c.recorded_at_ms, table.c.hostname, table.c.pid).where(
+                table.c.id == LAYOUT_RECORD_ID
+            )
+        ).first()
+        if row is None:
+            return None
+        return LayoutRow(
+            layout=str(row.layout),
+            recorded_at_ms=int(row.recorded_at_ms),
+            hostname=row.hostname,
+            pid=_opt_int(row.pid),
+        )
+
+    def record_layout(
+        self, connection: Connection, *, layout: str, hostname: str, pid: int
+    ) -> bool:
+        """Insert the layout row; false if one exists. The primary key makes the first writer
+        win; on PostgreSQL the failed INSERT aborts the transaction, so run it in a savepoint."""
+        table = self.tables.layout
+        try:
+            connection.execute(
+                insert(table).values(
+                    id=LAYOUT_RECORD_ID,
+                    layout=layout,
+                    recorded_at_ms=db_now_ms(),
+                    hostname=hostname[:NAME_LENGTH],
+                    pid=pid,
+                )
+            )
+        except IntegrityError:
+            return False
+        return True
+
     # -- inspection and maintenance -------------------------------------------------------------
 
     def now_ms(self, connection: Connection) -> int:
@@ -376,11 +426,12 @@ class WorkerStore:
             for row in rows
         ]
 
-    def reap(self, connection: Connection) -> list[int]:
+    def reap(self, connection: Connection, *, worker_ids: list[int] | None = None) -> list[int]:
         """Clear leases the database clock says have expired; never live ones or reservations.
 
         The rows stay (with their high-water marks): deleting one would let the next holder of
-        the worker ID issue IDs the expired holder may already have issued.
+        the worker ID issue IDs the expired holder may already have issued. ``worker_ids``
+        limits it to those slots.
         """
         slots = self.tables.slots
         now = self.now_ms(connection)
@@ -389,6 +440,8 @@ class WorkerStore:
             slots.c.expires_at_ms.is_not(None),
             slots.c.expires_at_ms < now,
         )
+        if worker_ids is not None:
+            expired = and_(expired, slots.c.worker_id.in_(worker_ids))
         candidates = [
             int(worker_id)
             for worker_id in connection.execute(select(slots.c.worker_id).where(expired)).scalars()

@@ -65,7 +65,9 @@ def _reflect(url: URL) -> dict[str, dict[str, tuple[str, bool, bool]]]:
     try:
         inspector = inspect(engine)
         tables = {}
-        for table in ("snowflake_worker_slots", "snowflake_worker_registrations"):
+        for table in (
+            "snowflake_worker_slots", "snowflake_worker_registrations", "snowflake_worker_layout"
+        ):
             pk = set(inspector.get_pk_constraint(table)["constrained_columns"])
             tables[table] = {
                 column["name"]: (

@@ -2,8 +2,9 @@
 
 Importing :mod:`snowflake_db.alembic` (in ``env.py``) registers:
 
-* ``op.create_snowflake_worker_tables()`` / ``op.drop_snowflake_worker_tables()``
-  (:mod:`.worker_tables`)
+* ``op.create_snowflake_worker_tables()`` / ``op.drop_snowflake_worker_tables()``, and
+  ``op.create_snowflake_worker_layout_table()`` / ``op.drop_snowflake_worker_layout_table()``
+  for installs from before the layout table (:mod:`.worker_tables`)
 * ``op.convert_to_snowflake_pk(table, column="id")`` / ``op.revert_snowflake_pk(...)``
   (:mod:`.primary_keys`)
 * ``op.create_snowflake_id_function()`` / ``op.drop_snowflake_id_function()`` (PostgreSQL,
@@ -24,16 +25,23 @@ from .partitions import (
     CreateTimePartitionedTableOp,
 )
 from .primary_keys import ConvertToSnowflakePkOp, RevertSnowflakePkOp
-from .worker_tables import CreateSnowflakeWorkerTablesOp, DropSnowflakeWorkerTablesOp
+from .worker_tables import (
+    CreateSnowflakeWorkerLayoutTableOp,
+    CreateSnowflakeWorkerTablesOp,
+    DropSnowflakeWorkerLayoutTableOp,
+    DropSnowflakeWorkerTablesOp,
+)
 
 __all__ = [
     "AddNextTimePartitionOp",
     "ConvertToSnowflakePkOp",
     "CreateShardPartitionedTableOp",
     "CreateSnowflakeIdFunctionOp",
+    "CreateSnowflakeWorkerLayoutTableOp",
     "CreateSnowflakeWorkerTablesOp",
     "CreateTimePartitionedTableOp",
     "DropSnowflakeIdFunctionOp",
+    "DropSnowflakeWorkerLayoutTableOp",
     "DropSnowflakeWorkerTablesOp",
     "RevertSnowflakePkOp",
 ]

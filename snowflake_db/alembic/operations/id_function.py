@@ -4,6 +4,8 @@ The function's SQL is :mod:`snowflake_db.alembic._pg_function`; its worker slot 
 released with :mod:`snowflake_db.worker.claims`, like every other slot: in the migration's own
 transaction when the worker tables are in this database (the same migration may have created
 them, invisible to any other connection), else through an allocator on the control database.
+Either way the function's ``layout`` must be the one the worker tables record (or becomes it,
+if none is recorded yet).
 """
 
 from __future__ import annotations
@@ -134,7 +136,13 @@ def _reserve(bind: Connection, op: CreateSnowflakeIdFunctionOp, layout: Layout) 
         if found is not None:
             return found.worker_id, found.high_water_ms
         holder = claims.Holder(socket.gethostname(), os.getpid())
-        return claims.reserve(bind, store, label=label, holder=holder, layout=layout)
+        where = (
+            f"{store.tables.slots.name} at "
+            f"{bind.engine.url.render_as_string(hide_password=True)}"
+        )
+        return claims.reserve(
+            bind, store, label=label, holder=holder, layout=layout, where=where
+        )
     allocator = op.allocator()
     try:
         for row in allocator.workers():

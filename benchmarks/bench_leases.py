@@ -1,0 +1,633 @@
+"""Leases under CPU overload: no fencing while the database answers, and fencing when it does not.
+
+Run ``.venv/bin/python benchmarks/bench_leases.py`` (a few minutes; ``--quick`` for a short
+smoke run). It starts ``--processes`` processes (default 8), each with ``--threads`` threads
+(default 4) calling ``next_id()`` as fast as they can (``--work`` idle loop rounds after each
+ID, default 50: about a microsecond) on a generator leased from a ``TableWorkerAllocator`` with
+``--lease-seconds`` (default 3 s) leases: on a 2-core machine the heartbeat threads compete with
+32 busy threads for the CPU and their processes' GILs. Each table row says how often a caller
+renewed a lease itself (``by caller``) or waited for a running renewal (``waits``).
+
+Phase 1, *healthy*: a scratch database on the shared PostgreSQL server (created and dropped,
+``SNOWFLAKE_TEST_POSTGRES_URL``), ``--seconds`` (default 60 s). Target: zero
+``LeaseExpiredError`` (zero errors of any kind) and zero duplicates.
+
+Phase 2, *outage*: a throwaway PostgreSQL cluster the benchmark creates itself (``initdb`` and
+``pg_ctl`` from ``--pg-bin``, as the ``postgres`` user when run as root, on a free port in a
+temporary directory; never the shared server) is stopped for ``--outage-seconds`` (default 10 s)
+while the processes issue, then started again. A trigger logs every lease row the database
+writes, so each lease's real deadline (``expires_at_ms``, database clock) is known afterwards.
+Targets: every process fences, and issues no ID stamped at or after its lease's deadline while
+the database is away (the margin is printed); every process issues again within 2 s of the
+database's return; zero duplicates.
+
+Every ID is kept (``array('q')`` per thread, written to a temporary file) and checked at the
+end: each thread's IDs strictly increase, and a merge of all threads' sorted IDs finds no value
+twice. Exits non-zero when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import multiprocessing
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from array import array
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from itertools import pairwise, repeat
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import URL, make_url
+
+import snowflake_db
+from snowflake_db import DEFAULT_LAYOUT, SnowflakeError, SnowflakeGenerator
+from snowflake_db.worker import TableLease, TableWorkerAllocator
+
+FORK = multiprocessing.get_context("fork")
+RESUME_TARGET_S = 2.0
+POSTGRES_ENV = "SNOWFLAKE_TEST_POSTGRES_URL"
+DEFAULT_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+DEFAULT_PG_BIN = "/usr/lib/postgresql/15/bin"
+
+
+# -- one process of the load ---------------------------------------------------------------------
+
+
+@dataclass
+class ThreadLog:
+    """What one issuing thread saw: its IDs (in a file), errors, and fenced intervals."""
+
+    path: str
+    errors: Counter[str] = field(default_factory=Counter)
+    fenced: list[tuple[float, float]] = field(default_factory=list)  # wall-clock (start, end)
+    count: int = 0
+
+
+def _issue(gen: SnowflakeGenerator, stop_at: float, work: int, log: ThreadLog) -> None:
+    """Call ``next_id()`` until ``stop_at``, with ``work`` idle loop rounds (a request's CPU)
+    after each ID; after an error, sleep 1 ms and note when the thread was fenced."""
+    ids = array("q")
+    append, next_id, now = ids.append, gen.next_id, time.time
+    fenced_since: float | None = None
+    while True:
+        for _ in range(256):  # read the wall clock once per 256 calls on the hot path
+            try:
+                append(next_id())
+                for _ in repeat(None, work):
+                    pass
+            except SnowflakeError as error:
+                log.errors[type(error).__name__] += 1
+                if fenced_since is None:
+                    fenced_since = now()
+                time.sleep(0.001)
+                break
+            if fenced_since is not None:
+                log.fenced.append((fenced_since, now()))
+                fenced_since = None
+        if now() >= stop_at:
+            break
+    if fenced_since is not None:
+        log.fenced.append((fenced_since, now()))
+    log.count = len(ids)
+    with open(log.path, "wb") as file:
+        ids.tofile(file)
+
+
+def _process(index: int, url: str, args: dict[str, Any], queues: tuple[Any, Any, Any]) -> None:
+    """One process: lease a worker ID, then issue from ``threads`` threads until the end time."""
+    ready, start, results = queues
+    try:
+        alloc = TableWorkerAllocator(url, lease_seconds=args["lease_seconds"])
+        gen = SnowflakeGenerator(allocator=alloc)
+        gen.ensure_worker()
+        first_lease = gen.lease
+        if args["stop_heartbeat"]:  # diagnostics: callers alone keep the lease
+            alloc._heartbeat.stop()
+        ready.put(index)
+        stop_at = start.get()
+        logs = [
+            ThreadLog(path=os.path.join(args["out"], f"p{index}-t{t}.q"))
+            for t in range(args["threads"])
+        ]
+        threads = [
+            threading.Thread(target=_issue, args=(gen, stop_at, args["work"], log)) for log in logs
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        leases = [lease for lease in (first_lease, gen.lease) if isinstance(lease, TableLease)]
+        report = {
+            "index": index,
+            "pid": os.getpid(),
+            "worker_ids": sorted({lease.worker_id for lease in leases}),
+            "renewals": sum(lease.renewals for lease in set(leases)),
+            "caller_renewals": sum(getattr(lease, "caller_renewals", 0) for lease in set(leases)),
+            "caller_waits": sum(getattr(lease, "caller_waits", 0) for lease in set(leases)),
+            "threads": [(log.path, log.count, dict(log.errors), log.fenced) for log in logs],
+            "error": None,
+        }
+        gen.close()
+        alloc.close()
+    except BaseException as error:  # report, never hang the parent
+        ready.put(index)
+        report = {"index": index, "error": f"{type(error).__name__}: {error}"}
+    results.put(report)
+
+
+@dataclass
+class ProcessResult:
+    index: int
+    worker_ids: list[int]
+    renewals: int
+    caller_renewals: int
+    caller_waits: int
+    ids: int
+    errors: Counter[str]
+    fenced: list[tuple[float, float]]  # merged over the process's threads
+    files: list[str]
+
+    @property
+    def fenced_seconds(self) -> float:
+        return sum(end - start for start, end in self.fenced)
+
+
+def _merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def run_load(
+    url: str, *, seconds: float, processes: int, threads: int, lease_seconds: float, work: int,
+    out: str, during: Any = None, stop_heartbeat: bool = False,
+) -> tuple[list[ProcessResult], float]:
+    """Run the load for ``seconds``; ``during(started_at)`` runs in this process meanwhile.
+    Returns the per-process results and the wall-clock start."""
+    ready, start, results = FORK.Queue(), FORK.Queue(), FORK.Queue()
+    options = {
+        "lease_seconds": lease_seconds,
+        "threads": threads,
+        "out": out,
+        "work": work,
+        "stop_heartbeat": stop_heartbeat,
+    }
+    children = [
+        FORK.Process(target=_process, args=(i, url, options, (ready, start, results)))
+        for i in range(processes)
+    ]
+    for child in children:
+        child.start()
+    for _ in children:
+        ready.get(timeout=120)
+    started_at = time.time()
+    for _ in children:
+        start.put(started_at + seconds)
+    if during is not None:
+        during(started_at)
+    reports = [results.get(timeout=seconds + 300) for _ in children]
+    for child in children:
+        child.join(60)
+    failed = [report["error"] for report in reports if report["error"]]
+    if failed:
+        raise RuntimeError(f"a load process failed: {failed[0]}")
+    out_results = []
+    for report in sorted(reports, key=lambda r: r["index"]):
+        errors: Counter[str] = Counter()
+        fenced: list[tuple[float, float]] = []
+        for _, _, thread_errors, thread_fenced in report["threads"]:
+            errors.update(thread_errors)
+            fenced.extend(thread_fenced)
+        out_results.append(
+            ProcessResult(
+                index=report["index"],
+                worker_ids=report["worker_ids"],
+                renewals=report["renewals"],
+                caller_renewals=report["caller_renewals"],
+                caller_waits=report["caller_waits"],
+                ids=sum(count for _, count, _, _ in report["threads"]),
+                errors=errors,
+                fenced=_merge_intervals(fenced),
+                files=[path for path, *_ in report["threads"]],
+            )
+        )
+    return out_results, started_at
+
+
+# -- checking the IDs ----------------------------------------------------------------------------
+
+
+def _load(path: str) -> array[int]:
+    ids = array("q")
+    with open(path, "rb") as file:
+        ids.frombytes(file.read())
+    return ids
+
+
+def _increasing(ids: array[int]) -> bool:
+    return all(a < b for a, b in pairwise(ids))
+
+
+def count_duplicates(results: list[ProcessResult]) -> tuple[int, int, int]:
+    """(IDs, duplicates, threads whose IDs did not strictly increase), reading every file."""
+    arrays = [_load(path) for result in results for path in result.files]
+    ordered = [_increasing(ids) for ids in arrays]
+    total = sum(len(ids) for ids in arrays)
+    duplicates = 0
+    previous = None
+    streams = [ids if fine else sorted(ids) for ids, fine in zip(arrays, ordered, strict=True)]
+    for value in heapq.merge(*streams):
+        if value == previous:
+            duplicates += 1
+        previous = value
+    unordered = ordered.count(False)
+    return total, duplicates, unordered
+
+
+def ids_of_worker_between(
+    result: ProcessResult, worker_id: int, start_ms: int, end_ms: int
+) -> tuple[int, int | None]:
+    """How many of the process's IDs of ``worker_id`` are stamped in [start_ms, end_ms), and
+    the latest stamp below ``start_ms`` (or ``None``)."""
+    layout = DEFAULT_LAYOUT
+    inside, before = 0, None
+    for path in result.files:
+        for value in _load(path):
+            decoded = layout.decode(value)
+            if decoded.worker_id != worker_id:
+                continue
+            stamp = decoded.timestamp_ms
+            if start_ms <= stamp < end_ms:
+                inside += 1
+            elif stamp < start_ms and (before is None or stamp > before):
+                before = stamp
+    return inside, before
+
+
+# -- databases -----------------------------------------------------------------------------------
+
+
+@contextmanager
+def scratch_database() -> Iterator[str]:
+    """A fresh database on the shared PostgreSQL server, dropped afterwards."""
+    server: URL = make_url(os.environ.get(POSTGRES_ENV, DEFAULT_POSTGRES))
+    name = f"sfdb_bench_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+        yield server.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+class ThrowawayPostgres:
+    """A private PostgreSQL cluster in a temporary directory, on a free port (never the
+    shared server): ``initdb``, then ``pg_ctl start``/``stop`` as the postgres user."""
+
+    def __init__(self, pg_bin: str) -> None:
+        self.pg_bin = Path(pg_bin)
+        self.directory = Path(tempfile.mkdtemp(prefix="sfdb-bench-pg-"))
+        self.data = self.directory / "data"
+        self.log = self.directory / "server.log"
+        self.port = _free_port()
+        self._as_postgres = os.geteuid() == 0
+        if self._as_postgres:
+            account = pwd.getpwnam("postgres")
+            os.chown(self.directory, account.pw_uid, account.pw_gid)
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/bench"
+
+    def _run(self, program: str, *args: str) -> None:
+        command = [str(self.pg_bin / program), *args]
+        if self._as_postgres:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=True, capture_output=True, timeout=120)
+
+    def start(self) -> None:
+        options = (
+            f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 "
+            "-c fsync=off -c max_connections=100"
+        )
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
+
+    def stop(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def create_bench_database(self) -> None:
+        admin = create_engine(
+            f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres",
+            isolation_level="AUTOCOMMIT",
+        )
+        try:
+            with admin.connect() as connection:
+                connection.execute(text("CREATE DATABASE bench"))
+        finally:
+            admin.dispose()
+
+    def close(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            with suppress(subprocess.SubprocessError):
+                self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+LEASE_LOG = """
+CREATE TABLE lease_log (
+    worker_id integer, lease_token varchar(32), written_at_ms bigint, expires_at_ms bigint
+);
+CREATE FUNCTION log_lease() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO lease_log VALUES (
+        NEW.worker_id, NEW.lease_token,
+        CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT), NEW.expires_at_ms);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER log_lease AFTER INSERT OR UPDATE ON snowflake_worker_slots
+    FOR EACH ROW EXECUTE FUNCTION log_lease();
+"""
+
+
+def install_lease_log(url: str) -> None:
+    """Create the worker tables, then log every lease row written (with the database time)."""
+    alloc = TableWorkerAllocator(url)
+    try:
+        alloc.create_tables()
+    finally:
+        alloc.close()
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql(LEASE_LOG)
+    finally:
+        engine.dispose()
+
+
+def deadlines_before(url: str, before_ms: int) -> dict[int, int]:
+    """Per worker ID, the latest lease expiry the database wrote before ``before_ms``."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(
+                text(
+                    "SELECT worker_id, max(expires_at_ms) FROM lease_log "
+                    "WHERE written_at_ms < :before AND expires_at_ms IS NOT NULL "
+                    "GROUP BY worker_id"
+                ),
+                {"before": before_ms},
+            )
+            return {int(worker_id): int(expiry) for worker_id, expiry in rows}
+    finally:
+        engine.dispose()
+
+
+# -- reporting -----------------------------------------------------------------------------------
+
+
+def print_table(results: list[ProcessResult], extra: dict[int, str] | None = None) -> None:
+    extra = extra or {}
+    header = (
+        f"{'proc':>4} {'worker':>6} {'IDs':>12} {'renewals':>8} {'by caller':>9} {'waits':>5} "
+        f"{'fenced s':>8}  errors"
+    )
+    if extra:
+        header += " | outage"
+    print(header)
+    print("-" * (len(header) + 30))
+    for result in results:
+        errors = ", ".join(f"{name} {count:,}" for name, count in sorted(result.errors.items()))
+        line = (
+            f"{result.index:>4} {','.join(map(str, result.worker_ids)):>6} {result.ids:>12,} "
+            f"{result.renewals:>8} {result.caller_renewals:>9} {result.caller_waits:>5} "
+            f"{result.fenced_seconds:>8.2f}  "
+            f"{errors or '-'}"
+        )
+        if result.index in extra:
+            line += f" | {extra[result.index]}"
+        print(line)
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
+
+
+# -- the two phases ------------------------------------------------------------------------------
+
+
+def healthy_phase(args: argparse.Namespace, out: str) -> list[str]:
+    print(
+        f"\n== phase 1: healthy database (shared PostgreSQL), {args.processes} processes x "
+        f"{args.threads} threads, {args.lease_seconds:g} s leases, {args.seconds:g} s; "
+        f"load average before: {load_average()}"
+    )
+    with scratch_database() as url:
+        results, _ = run_load(
+            url,
+            seconds=args.seconds,
+            processes=args.processes,
+            threads=args.threads,
+            lease_seconds=args.lease_seconds,
+            work=args.work,
+            stop_heartbeat=args.stop_heartbeat,
+            out=out,
+        )
+    print(f"load average after: {load_average()}")
+    print_table(results)
+    total, duplicates, unordered = count_duplicates(results)
+    errors: Counter[str] = Counter()
+    for result in results:
+        errors.update(result.errors)
+    print(
+        f"total: {total:,} IDs, {duplicates} duplicates, {unordered} threads out of order; "
+        f"errors: {dict(errors) or 'none'}; "
+        f"fenced {sum(r.fenced_seconds for r in results):.2f} s in all"
+    )
+    missed = []
+    if errors.get("LeaseExpiredError", 0):
+        missed.append(f"healthy: {errors['LeaseExpiredError']} LeaseExpiredError (target 0)")
+    other = sum(count for name, count in errors.items() if name != "LeaseExpiredError")
+    if other:
+        missed.append(f"healthy: {other} other errors (target 0)")
+    if duplicates or unordered:
+        missed.append(f"healthy: {duplicates} duplicates, {unordered} unordered threads")
+    for path in (path for result in results for path in result.files):
+        os.unlink(path)
+    return missed
+
+
+def outage_phase(args: argparse.Namespace, out: str) -> list[str]:
+    before, outage, after = args.outage_before, args.outage_seconds, args.outage_after
+    seconds = before + outage + after
+    print(
+        f"\n== phase 2: throwaway PostgreSQL stopped for {outage:g} s (after {before:g} s; "
+        f"{after:g} s more), {args.processes} processes x {args.threads} threads, "
+        f"{args.lease_seconds:g} s leases; load average before: {load_average()}"
+    )
+    server = ThrowawayPostgres(args.pg_bin)
+    times: dict[str, float] = {}
+
+    def cut(started_at: float) -> None:
+        time.sleep(max(0.0, started_at + before - time.time()))
+        times["stop_requested"] = time.time()
+        server.stop()
+        times["stopped"] = time.time()
+        time.sleep(max(0.0, times["stop_requested"] + outage - time.time()))
+        server.start()
+        times["back"] = time.time()
+
+    try:
+        server.start()
+        server.create_bench_database()
+        install_lease_log(server.url)
+        results, _ = run_load(
+            server.url,
+            seconds=seconds,
+            processes=args.processes,
+            threads=args.threads,
+            lease_seconds=args.lease_seconds,
+            work=args.work,
+            stop_heartbeat=args.stop_heartbeat,
+            out=out,
+            during=cut,
+        )
+        deadlines = deadlines_before(server.url, round(times["back"] * 1000))
+    finally:
+        server.close()
+    print(
+        f"load average after: {load_average()}; database stopped "
+        f"{times['stopped'] - times['stop_requested']:.2f} s after the request, back "
+        f"{times['back'] - times['stop_requested']:.2f} s after it"
+    )
+    back_ms = round(times["back"] * 1000)
+    missed: list[str] = []
+    extra: dict[int, str] = {}
+    for result in results:
+        notes = []
+        for worker_id in result.worker_ids:
+            deadline = deadlines.get(worker_id)
+            if deadline is None:
+                continue
+            inside, last = ids_of_worker_between(result, worker_id, deadline, back_ms)
+            margin = "n/a" if last is None else f"{deadline - last} ms"
+            notes.append(f"w{worker_id}: last ID {margin} before the deadline")
+            if inside:
+                missed.append(f"process {result.index}: {inside} IDs stamped after the deadline")
+        fences = [
+            (start, end)
+            for start, end in result.fenced
+            if start < times["back"] and end > times["stop_requested"]
+        ]
+        if not fences:
+            missed.append(f"process {result.index} never fenced during the outage")
+            notes.append("never fenced")
+        else:
+            fenced_at = min(s for s, _ in fences)
+            resumed = max(e for _, e in fences) - times["back"]
+            first_deadline = min(
+                (deadlines[w] for w in result.worker_ids if w in deadlines), default=None
+            )
+            if first_deadline is not None:
+                notes.append(f"fenced {first_deadline / 1000 - fenced_at:.2f} s before it")
+                if fenced_at * 1000 >= first_deadline:
+                    missed.append(f"process {result.index} fenced after its deadline")
+            notes.append(f"resumed {resumed:.2f} s after the return")
+            if resumed > RESUME_TARGET_S:
+                missed.append(
+                    f"process {result.index} resumed {resumed:.2f} s after the database's return"
+                )
+        extra[result.index] = "; ".join(notes)
+    print_table(results, extra)
+    total, duplicates, unordered = count_duplicates(results)
+    errors: Counter[str] = Counter()
+    for result in results:
+        errors.update(result.errors)
+    print(
+        f"total: {total:,} IDs, {duplicates} duplicates, {unordered} threads out of order; "
+        f"errors: {dict(errors) or 'none'}"
+    )
+    if duplicates or unordered:
+        missed.append(f"outage: {duplicates} duplicates, {unordered} unordered threads")
+    for path in (path for result in results for path in result.files):
+        os.unlink(path)
+    return [f"outage: {item}" if not item.startswith("outage") else item for item in missed]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--lease-seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--work", type=int, default=50, help="idle loop rounds after each ID (a request's CPU)"
+    )
+    parser.add_argument("--seconds", type=float, default=60.0, help="healthy phase length")
+    parser.add_argument("--outage-before", type=float, default=10.0)
+    parser.add_argument("--outage-seconds", type=float, default=10.0)
+    parser.add_argument("--outage-after", type=float, default=10.0)
+    parser.add_argument("--pg-bin", default=DEFAULT_PG_BIN, help="initdb and pg_ctl are here")
+    parser.add_argument(
+        "--stop-heartbeat",
+        action="store_true",
+        help="diagnostics: stop each allocator's heartbeat thread, so only callers renew",
+    )
+    parser.add_argument("--skip-healthy", action="store_true")
+    parser.add_argument("--skip-outage", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="15 s healthy, 5+10+5 s outage")
+    args = parser.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    if args.quick:
+        args.seconds, args.outage_before, args.outage_after = 15.0, 5.0, 5.0
+    print(
+        f"snowflake_db {snowflake_db.__version__}, Python {sys.version.split()[0]}, "
+        f"{os.cpu_count()} CPUs"
+    )
+    missed: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="sfdb-bench-leases-") as out:
+        if not args.skip_healthy:
+            missed += healthy_phase(args, out)
+        if not args.skip_outage:
+            missed += outage_phase(args, out)
+    print(
+        "\ntargets: healthy: zero LeaseExpiredError, zero duplicates; outage: every process "
+        f"fences before its lease's deadline (database clock), resumes within "
+        f"{RESUME_TARGET_S:g} s of the database's return, zero duplicates"
+    )
+    if missed:
+        print("MISSED: " + "; ".join(missed))
+        return 1
+    print("all targets met")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

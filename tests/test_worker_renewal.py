@@ -1,0 +1,437 @@
+"""Renewal by the caller: a late (stopped or starved) heartbeat never fences a generator whose
+database answers; a database that does not answer still fences it before the lease's deadline.
+
+The heartbeat is made late for real: its thread is stopped, or the lock it sleeps on is held
+by another thread. The database is made unreachable as in tests/test_worker_outage.py, or made
+to hang (another transaction holds the slot row's lock, or SQLite's file lock). PostgreSQL,
+MariaDB and SQLite, with real threads, spawned processes and connections.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sqlite3
+import threading
+import time
+import traceback
+from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, event, text
+
+from snowflake_db import (
+    LeaseExpiredError,
+    SnowflakeError,
+    SnowflakeGenerator,
+    WorkerLease,
+)
+from snowflake_db.lease import SelfRenewingLease
+from snowflake_db.testing import DEFAULT_FAKE_START_MS, FakeClock
+from snowflake_db.worker import TableLease, TableWorkerAllocator
+
+from .core_support import FakeAllocator, FakeLease
+from .plugins.databases import ScratchDatabase
+from .test_worker_outage import Outage
+from .worker_support import allocator, read_slots
+
+#: renew_every 0.5 s, safety margin 0.3 s (local deadline 1.2 s after a renewal starts);
+#: callers step in 0.175 s after a missed renewal and wait at most 0.125 s for one.
+LEASE_SECONDS = 1.5
+SPAWN = multiprocessing.get_context("spawn")
+T0 = DEFAULT_FAKE_START_MS
+
+
+def _lease(gen: SnowflakeGenerator) -> TableLease:
+    lease = gen.lease
+    assert isinstance(lease, TableLease)
+    return lease
+
+
+@dataclass
+class Callers:
+    """``threads`` threads calling ``next_id()``; every ID, error and call duration recorded."""
+
+    gen: SnowflakeGenerator
+    threads: int = 3
+    ids: list[array[int]] = field(default_factory=list)
+    issued_at: list[array[float]] = field(default_factory=list)
+    errors: list[tuple[type[BaseException], float]] = field(default_factory=list)
+    slowest_call: float = 0.0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self, slot: int) -> None:
+        ids, issued_at = self.ids[slot], self.issued_at[slot]
+        while not self.stop.is_set():
+            started = time.monotonic()
+            try:
+                ids.append(self.gen.next_id())
+                issued_at.append(time.monotonic())
+            except SnowflakeError as error:
+                self.errors.append((type(error), time.monotonic()))
+                time.sleep(0.005)
+            self.slowest_call = max(self.slowest_call, time.monotonic() - started)
+            time.sleep(0.0002)
+
+    def issued_between(self, start: float, end: float) -> int:
+        return sum(1 for stamps in self.issued_at for at in stamps if start <= at <= end)
+
+    def all_ids(self) -> list[int]:
+        return [i for ids in self.ids for i in ids]
+
+
+@contextmanager
+def calling(gen: SnowflakeGenerator, threads: int = 3) -> Iterator[Callers]:
+    callers = Callers(gen, threads)
+    callers.ids = [array("q") for _ in range(threads)]
+    callers.issued_at = [array("d") for _ in range(threads)]
+    workers = [threading.Thread(target=callers.run, args=(i,), daemon=True) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    try:
+        yield callers
+    finally:
+        callers.stop.set()
+        for worker in workers:
+            worker.join(30)
+
+
+def _wait_for(condition: Any, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return bool(condition())
+
+
+def _assert_unique_and_increasing_per_thread(callers: Callers) -> None:
+    for ids in callers.ids:
+        assert all(a < b for a, b in pairwise(ids))
+    every = callers.all_ids()
+    assert len(every) == len(set(every))
+
+
+# -- the heartbeat is late, the database answers -----------------------------------------------
+
+
+def test_callers_keep_the_lease_when_the_heartbeat_thread_is_stopped(
+    any_db: ScratchDatabase,
+) -> None:
+    with allocator(any_db, lease_seconds=LEASE_SECONDS) as alloc:
+        gen = SnowflakeGenerator(allocator=alloc)
+        gen.ensure_worker()
+        lease = _lease(gen)
+        alloc._heartbeat.stop()
+        before = read_slots(any_db.url)[lease.worker_id]
+        renewals = lease.renewals
+        with calling(gen) as callers:
+            time.sleep(4 * LEASE_SECONDS)  # four lease lengths: only callers can renew
+        assert callers.errors == []
+        _assert_unique_and_increasing_per_thread(callers)
+        # Every renewal since the stop came through the caller path, about one per period.
+        assert lease.renewals - renewals >= 6
+        assert lease.caller_renewals == lease.renewals - renewals
+        after = read_slots(any_db.url)[lease.worker_id]
+        assert after.lease_token == before.lease_token and after.state == "live"
+        assert after.renewed_at_ms is not None and before.renewed_at_ms is not None
+        assert after.renewed_at_ms - before.renewed_at_ms >= 3 * LEASE_SECONDS * 1000
+        assert after.high_water_ms > before.high_water_ms
+        assert not lease.lost and gen.lease is lease
+        gen.close()
+
+
+def test_callers_keep_the_lease_while_the_heartbeat_is_starved(any_db: ScratchDatabase) -> None:
+    """The heartbeat thread is alive but cannot run: another thread holds the lock it waits on
+    (as a thread starved of the CPU or the GIL would be late); callers renew meanwhile, and the
+    heartbeat takes over again once it runs."""
+    with allocator(any_db, lease_seconds=LEASE_SECONDS) as alloc:
+        gen = SnowflakeGenerator(allocator=alloc)
+        gen.ensure_worker()
+        lease = _lease(gen)
+        heartbeat = alloc._heartbeat
+        release = threading.Event()
+        held = threading.Event()
+
+        def starve() -> None:
+            with heartbeat._condition:
+                held.set()
+                release.wait(30)
+
+        starver = threading.Thread(target=starve, daemon=True)
+        with calling(gen) as callers:
+            starver.start()
+            assert held.wait(10)
+            by_callers = lease.caller_renewals
+            time.sleep(4 * LEASE_SECONDS)
+            starved_renewals = lease.caller_renewals - by_callers
+            release.set()
+            starver.join(10)
+            renewals = lease.renewals
+            assert _wait_for(lambda: lease.renewals >= renewals + 3, 10)
+        assert callers.errors == []
+        assert starved_renewals >= 6
+        # Once it runs again, the heartbeat renews on time and the callers stay out of it.
+        assert lease.caller_renewals - by_callers <= starved_renewals + 1
+        _assert_unique_and_increasing_per_thread(callers)
+        assert read_slots(any_db.url)[lease.worker_id].lease_token == lease.token
+        gen.close()
+
+
+def test_one_renewal_at_a_time_however_many_callers(postgres_db: ScratchDatabase) -> None:
+    """Eight threads on one generator, heartbeat stopped: renewal statements never overlap and
+    come about once per renewal period, not once per caller or per tick."""
+    with allocator(postgres_db, lease_seconds=LEASE_SECONDS) as alloc:
+        gen = SnowflakeGenerator(allocator=alloc)
+        gen.ensure_worker()
+        lease = _lease(gen)
+        alloc._heartbeat.stop()
+        running, overlap, statements = [0], [0], [0]
+        lock = threading.Lock()
+
+        def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if statement.lstrip().upper().startswith("UPDATE SNOWFLAKE_WORKER_SLOTS"):
+                with lock:
+                    running[0] += 1
+                    statements[0] += 1
+                    overlap[0] = max(overlap[0], running[0])
+
+        def after(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if statement.lstrip().upper().startswith("UPDATE SNOWFLAKE_WORKER_SLOTS"):
+                with lock:
+                    running[0] -= 1
+
+        event.listen(alloc._engine, "before_cursor_execute", before)
+        event.listen(alloc._engine, "after_cursor_execute", after)
+        seconds = 4 * LEASE_SECONDS
+        with calling(gen, threads=8) as callers:
+            time.sleep(seconds)
+        assert _wait_for(lambda: lease.renewal_in_flight() is None, 10)
+        assert callers.errors == []
+        assert overlap[0] == 1
+        periods = seconds / alloc.renew_every
+        assert periods / 2 <= statements[0] <= periods + 2, statements[0]
+        assert lease.caller_renewals == statements[0]
+        gen.close()
+
+
+# -- the database does not answer --------------------------------------------------------------
+
+
+def test_callers_fence_before_the_deadline_and_recover_when_the_database_is_unreachable(
+    any_db: ScratchDatabase,
+) -> None:
+    """Heartbeat stopped (callers are the only renewers); the database is cut off for longer
+    than a lease: no ID past the local deadline, which is before the database's; IDs again
+    once it is back, on the same lease."""
+    outage = Outage(any_db)
+    alloc = TableWorkerAllocator(outage.url, lease_seconds=LEASE_SECONDS)
+    gen = SnowflakeGenerator(allocator=alloc)
+    try:
+        gen.ensure_worker()
+        lease = _lease(gen)
+        alloc._heartbeat.stop()
+        with calling(gen) as callers:
+            assert _wait_for(lambda: lease.caller_renewals >= 2, 10)
+            cut_at = time.monotonic()
+            outage.cut()
+            assert _wait_for(lambda: any(e is LeaseExpiredError for e, _ in callers.errors), 15)
+            time.sleep(LEASE_SECONDS)
+            restored_at = time.monotonic()
+            outage.restore()
+            assert _wait_for(lambda: callers.issued_between(restored_at, 1e12) > 0, 20)
+            time.sleep(0.3)
+        # The last renewal that succeeded started before the cut; its local deadline is
+        # lease - margin after that start, and the database's is a full lease after it.
+        local_deadline = cut_at + alloc.lease_seconds - alloc.safety_margin
+        assert callers.issued_between(local_deadline, restored_at) == 0
+        fenced = [at for error, at in callers.errors if error is LeaseExpiredError]
+        assert cut_at < min(fenced) < restored_at
+        assert {error for error, _ in callers.errors} == {LeaseExpiredError}
+        # Waiting for a renewal never held a caller long (SQLite's renewal hangs on the
+        # file lock for its 30 s busy timeout; PostgreSQL's and MariaDB's fail at once).
+        assert callers.slowest_call < alloc._caller_wait + 1.0
+        _assert_unique_and_increasing_per_thread(callers)
+        assert gen.lease is lease and not lease.lost
+    finally:
+        gen.close()
+        alloc.close()
+        outage.close()
+
+
+@contextmanager
+def slot_row_locked(database: ScratchDatabase, worker_id: int) -> Iterator[None]:
+    """Another client holds the lease row's lock: renewals hang in the database (no error)."""
+    if database.backend == "sqlite":
+        connection = sqlite3.connect(database.url.database or "", timeout=30)
+        connection.isolation_level = None
+        connection.execute("BEGIN EXCLUSIVE")
+        try:
+            yield
+        finally:
+            connection.execute("ROLLBACK")
+            connection.close()
+        return
+    engine = create_engine(database.url)
+    try:
+        with engine.connect() as connection:
+            transaction = connection.begin()
+            connection.execute(
+                text(
+                    "SELECT worker_id FROM snowflake_worker_slots WHERE worker_id = :w "
+                    "FOR UPDATE"
+                ),
+                {"w": worker_id},
+            ).all()
+            try:
+                yield
+            finally:
+                transaction.rollback()
+    finally:
+        engine.dispose()
+
+
+def test_a_hanging_renewal_holds_callers_only_briefly(any_db: ScratchDatabase) -> None:
+    """The renewal statement blocks in the database: callers wait at most the bound, keep
+    issuing while the lease is valid, fence at its deadline, and go on when it is unblocked."""
+    with allocator(any_db, lease_seconds=LEASE_SECONDS) as alloc:
+        gen = SnowflakeGenerator(allocator=alloc)
+        gen.ensure_worker()
+        lease = _lease(gen)
+        with calling(gen) as callers:
+            assert _wait_for(lambda: lease.renewals >= 1, 10)
+            with slot_row_locked(any_db, lease.worker_id):
+                locked_at = time.monotonic()
+                assert _wait_for(
+                    lambda: any(e is LeaseExpiredError for e, _ in callers.errors), 15
+                )
+                time.sleep(0.5)
+                unlocked_at = time.monotonic()
+            assert _wait_for(lambda: callers.issued_between(unlocked_at, 1e12) > 0, 20)
+            time.sleep(0.3)
+        local_deadline = locked_at + alloc.lease_seconds - alloc.safety_margin
+        assert callers.issued_between(local_deadline, unlocked_at) == 0
+        assert callers.issued_between(locked_at, locked_at + 0.3) > 0  # valid: kept issuing
+        assert callers.slowest_call < alloc._caller_wait + 1.0
+        assert {error for error, _ in callers.errors} == {LeaseExpiredError}
+        _assert_unique_and_increasing_per_thread(callers)
+        assert gen.lease is lease and not lease.lost
+        gen.close()
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+def _process_without_heartbeat(url: str, seconds: float, out: str) -> None:
+    """A spawned process: lease, stop the heartbeat, issue from 2 threads; write a report."""
+    try:
+        alloc = TableWorkerAllocator(url, lease_seconds=LEASE_SECONDS)
+        gen = SnowflakeGenerator(allocator=alloc)
+        gen.ensure_worker()
+        alloc._heartbeat.stop()
+        with calling(gen, threads=2) as callers:
+            time.sleep(seconds)
+        lease = _lease(gen)
+        Path(out + ".ids").write_bytes(b"".join(ids.tobytes() for ids in callers.ids))
+        report = {
+            "errors": [error.__name__ for error, _ in callers.errors],
+            "worker": lease.worker_id,
+            "caller_renewals": lease.caller_renewals,
+            "renewals": lease.renewals,
+        }
+        gen.close()
+        alloc.close()
+    except BaseException:
+        report = {"error": traceback.format_exc()}
+    Path(out + ".json").write_text(json.dumps(report))
+
+
+@pytest.mark.slow
+def test_processes_without_heartbeats_issue_without_fencing(
+    any_db: ScratchDatabase, tmp_path: Path
+) -> None:
+    count, seconds = 4, 3 * LEASE_SECONDS
+    children = [
+        SPAWN.Process(
+            target=_process_without_heartbeat,
+            args=(any_db.url_string, seconds, str(tmp_path / f"p{i}")),
+        )
+        for i in range(count)
+    ]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(120)
+        assert child.exitcode == 0
+    reports = [json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(count)]
+    assert not [report["error"] for report in reports if "error" in report]
+    assert all(report["errors"] == [] for report in reports), reports
+    assert all(report["caller_renewals"] >= 4 for report in reports), reports
+    assert len({report["worker"] for report in reports}) == count
+    total = array("q")
+    for i in range(count):
+        total.frombytes((tmp_path / f"p{i}.ids").read_bytes())
+    assert len(total) > count * 1000
+    assert len(set(total)) == len(total)
+
+
+# -- the generator's side of the contract (no database) -----------------------------------------
+
+
+@dataclass
+class SelfRenewingFakeLease(FakeLease):
+    """A fake lease that renews itself whenever asked (its allocator's "database" answers)."""
+
+    renew_calls: int = 0
+
+    def renew_if_due(self) -> None:
+        self.renew_calls += 1
+        self.valid_until = time.monotonic() + 3600
+
+
+@dataclass
+class SelfRenewingFakeAllocator(FakeAllocator):
+    def acquire(self, *, layout: Any, clock: Any) -> SelfRenewingFakeLease:
+        lease = SelfRenewingFakeLease(
+            worker_id=self.worker_ids[len(self.leases)],
+            floor_ms=None,
+            high_water_ms=clock() + 3_600_000,
+            valid_until=time.monotonic() + 3600,
+        )
+        self.leases.append(lease)
+        return lease
+
+
+def test_the_generator_asks_a_lease_to_renew_once_per_tick_before_fencing() -> None:
+    clock = FakeClock(T0)
+    fakes = SelfRenewingFakeAllocator([4])
+    generator = SnowflakeGenerator(allocator=fakes, clock=clock)
+    ids = generator.next_ids(100)  # acquires a fresh lease: nothing to renew yet
+    lease = fakes.leases[0]
+    assert isinstance(lease, SelfRenewingLease) and isinstance(lease, WorkerLease)
+    assert lease.renew_calls == 0
+    lease.valid_until = time.monotonic() - 1  # past its deadline: only a renewal saves it
+    clock.advance(1)
+    ids += generator.next_ids(100)  # a new tick: one slow path, which renews before checking
+    assert lease.renew_calls == 1
+    ids += [generator.next_id() for _ in range(100)]
+    assert lease.renew_calls == 1  # same tick: the hot path never asks
+    clock.advance(1)
+    ids.append(generator.next_id())
+    assert lease.renew_calls == 2
+    assert ids == sorted(set(ids))
+    # A lease without renew_if_due is not a SelfRenewingLease and is fenced as before.
+    plain = FakeAllocator([5])
+    other = SnowflakeGenerator(allocator=plain, clock=clock)
+    other.ensure_worker()
+    assert not isinstance(plain.leases[0], SelfRenewingLease)
+    plain.leases[0].valid_until = time.monotonic() - 0.001
+    clock.advance(1)
+    with pytest.raises(LeaseExpiredError):
+        other.next_id()
