@@ -184,7 +184,10 @@ def test_empty_control_database_says_where_tables_come_from(
     assert main(["workers", "list", "--url", postgres_db.url_string]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "no worker tables (snowflake_worker_slots, snowflake_worker_registrations)" in err
+    assert (
+        "no worker tables (snowflake_worker_slots, snowflake_worker_registrations, "
+        "snowflake_worker_layout)"
+    ) in err
     assert "create_tables" not in err  # not an option of this command
 
 

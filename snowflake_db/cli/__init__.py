@@ -20,7 +20,12 @@ from ..errors import CommandError, SnowflakeError
 __all__ = ["EXIT_BROKEN_PIPE", "EXIT_USAGE", "CommandError", "build_parser", "main"]
 
 #: Modules that add sub-commands, in the order they appear in ``--help``.
-COMMAND_MODULES = ("snowflake_db.cli.ids", "snowflake_db.cli.workers", "snowflake_db.cli.bench")
+COMMAND_MODULES = (
+    "snowflake_db.cli.ids",
+    "snowflake_db.cli.workers",
+    "snowflake_db.cli.doctor",
+    "snowflake_db.cli.bench",
+)
 
 EXIT_USAGE = 2
 #: 128 + SIGPIPE: what a shell reports for a process the closed pipe killed.

@@ -1,6 +1,9 @@
-"""``snowflake-db workers list|reap``: inspect and tidy the worker-ID lease table.
+"""``snowflake-db workers list|reap|check``: inspect, tidy and probe the worker-ID lease table.
 
 SQLAlchemy is imported only when a command runs, so ``snowflake-db --help`` works without it.
+``check`` is for start-up and readiness probes: exit status 0 when a worker ID can be leased
+with the given layout (it is released at once), 1 with a one-line reason when not, 2 for a
+mistake in the command line.
 """
 
 from __future__ import annotations
@@ -8,11 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AllocatorUnavailableError, CommandError
 from ..process import WORKER_URL_ENV
+from .ids import add_layout_options, layout_from_args
 from .urls import URL_FORMS, resolve_url
 
 if TYPE_CHECKING:
@@ -22,8 +27,9 @@ if TYPE_CHECKING:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     workers = subparsers.add_parser(
         "workers",
-        help="list or reap worker-ID leases in the database table",
-        description="List or reap worker-ID leases in the control database's table. --url (or "
+        help="list, reap or check worker-ID leases in the database table",
+        description="List, reap or check worker-ID leases in the control database's table. "
+        "--url (or "
         f"${WORKER_URL_ENV}) takes {URL_FORMS}; postgres:// and mysql:// URLs, as platforms "
         "spell DATABASE_URL, use the installed driver.",
     )
@@ -47,6 +53,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     reap.add_argument("--json", action="store_true", help="print JSON instead of text")
     reap.set_defaults(handler=_reap)
+    check = actions.add_parser(
+        "check",
+        help="lease a worker ID with this layout and release it at once: exit 0 if that "
+        "works, 1 with a one-line reason if not (start-up and readiness probes)",
+    )
+    _add_table_options(check)
+    check.add_argument(
+        "--create-tables",
+        action="store_true",
+        help="create missing worker tables, as an application's first lease would (default: "
+        "report them missing)",
+    )
+    add_layout_options(check)
+    check.set_defaults(handler=_check)
 
 
 def _add_table_options(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +82,9 @@ def _add_table_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schema", default=None, metavar="NAME")
 
 
-def _allocator(args: argparse.Namespace) -> TableWorkerAllocator:
+def _allocator(
+    args: argparse.Namespace, *, create_tables: bool = False
+) -> TableWorkerAllocator:
     if args.url:
         url = resolve_url(args.url, "--url ")
     elif os.environ.get(WORKER_URL_ENV, "").strip():
@@ -79,7 +101,7 @@ def _allocator(args: argparse.Namespace) -> TableWorkerAllocator:
             slots_table=args.slots_table or DEFAULT_SLOTS_TABLE,
             registrations_table=args.registrations_table or DEFAULT_REGISTRATIONS_TABLE,
             schema=args.schema,
-            create_tables=False,
+            create_tables=create_tables,
         )
     except ModuleNotFoundError as error:
         raise CommandError(str(error)) from None
@@ -93,7 +115,7 @@ def _explain_missing_tables(
 
     from ..worker.connection import safe_url_text
 
-    tables = (allocator.store.tables.slots, allocator.store.tables.registrations)
+    tables = allocator.store.tables
     try:
         with allocator._engine.connect() as connection:
             inspector = inspect(connection)
@@ -102,6 +124,13 @@ def _explain_missing_tables(
         return error  # the database itself is the problem: the allocator's message says so
     if not missing:
         return error
+    if missing == [tables.layout.name]:
+        return CommandError(
+            f"the worker tables in {safe_url_text(allocator.url)} have no layout table "
+            f"({tables.layout.name}): they predate it; add it with a migration "
+            "(op.create_snowflake_worker_layout_table(), or manage.py migrate snowflake_db), or "
+            "let the first application process (create_tables=True) create it"
+        )
     return CommandError(
         f"no worker tables ({', '.join(missing)}) in {safe_url_text(allocator.url)}: no process "
         "has leased a worker ID there yet, or this is not the control database (check the URL, "
@@ -196,3 +225,24 @@ def _reap(args: argparse.Namespace) -> int:
     if pruned is not None:
         print(f"pruned {pruned} registration row(s) older than {days:g} day(s)")
     return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from ..worker import health
+
+    layout = layout_from_args(args)
+    allocator = _allocator(args, create_tables=args.create_tables)
+    try:
+        result = health.check(allocator, layout)
+        message = result.message
+        if isinstance(result.error, AllocatorUnavailableError):
+            explained = _explain_missing_tables(allocator, result.error)
+            if explained is not result.error:
+                message = f"{explained}; or pass --create-tables"
+    finally:
+        allocator.close()
+    if result.ok:
+        print(message)
+        return 0
+    print(f"snowflake-db workers check: {' '.join(message.split())}", file=sys.stderr)
+    return 1

@@ -6,7 +6,8 @@ from django.apps import AppConfig
 
 
 class SnowflakeDbConfig(AppConfig):
-    """Registers the system checks and sets up ``snowflake_default()`` from ``SNOWFLAKE_DB``.
+    """Registers the system checks and the worker admin pages, and sets up
+    ``snowflake_default()`` from ``SNOWFLAKE_DB``.
 
     ``ready()`` runs no query (Django warns against it:
     https://docs.djangoproject.com/en/stable/ref/applications/#django.apps.AppConfig.ready);
@@ -25,6 +26,8 @@ class SnowflakeDbConfig(AppConfig):
         from .conf import get_settings
         from .worker import configure_from_settings, explain_invalid_settings
 
+        _register_admin_pages()
+
         try:
             conf = get_settings()
         except ImproperlyConfigured as error:
@@ -33,3 +36,16 @@ class SnowflakeDbConfig(AppConfig):
             explain_invalid_settings(error)
             return
         configure_from_settings(conf)
+
+
+def _register_admin_pages() -> None:
+    """The worker slot and registration pages, on the default admin site, when
+    ``django.contrib.admin`` is installed and SQLAlchemy (which reads the leases) is there."""
+    from importlib.util import find_spec
+
+    from django.apps import apps
+
+    if apps.is_installed("django.contrib.admin") and find_spec("sqlalchemy") is not None:
+        from .worker_admin import register
+
+        register()

@@ -1,14 +1,19 @@
-"""``manage.py snowflake``: decode IDs, list and reap worker leases.
+"""``manage.py snowflake``: decode IDs, list, reap and check worker leases, report health.
 
 ::
 
     manage.py snowflake decode 912113250819136652 [--json]
     manage.py snowflake leases [--json]      # every worker slot on the control database
     manage.py snowflake reap [--dry-run]     # free leases the database clock says expired
+    manage.py snowflake check                # lease a worker ID and release it (probes)
+    manage.py snowflake doctor [--json]      # layout, its end, clock skew, slots, partitions
 
 Leases are read and reaped by :class:`snowflake_db.worker.TableWorkerAllocator` itself,
-judged by the database clock. Slot rows are
-never deleted: they carry the high-water marks that make reusing a worker ID safe.
+judged by the database clock, with the tables and options of ``SNOWFLAKE_DB`` (its layout and
+``ALLOCATOR_OPTIONS``). ``check`` and ``doctor`` print what ``snowflake-db workers check`` and
+``snowflake-db doctor`` print (both come from :mod:`snowflake_db.worker.health`); they fail
+(exit status 1) when the lease cannot be taken or a problem is found. Slot rows are never
+deleted: they carry the high-water marks that make reusing a worker ID safe.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
 from ....errors import SnowflakeError
 from ...conf import get_settings
-from ...worker import sqlalchemy_url
+from ...worker import control_allocator
 
 
 def _when(ms: int | None) -> str:
@@ -45,6 +51,22 @@ class Command(BaseCommand):
         reap = sub.add_parser("reap", help="free leases that expired by the database clock")
         reap.add_argument("--dry-run", action="store_true")
         reap.add_argument("--database", help="alias (default: CONTROL_DATABASE)")
+        check_help = "lease a worker ID with the SNOWFLAKE_DB layout and release it"
+        check = sub.add_parser("check", help=check_help)
+        check.add_argument("--database", help="alias (default: CONTROL_DATABASE)")
+        doctor_help = "layout recorded vs. configured, its end, clock skew, slots, partitions"
+        doctor = sub.add_parser("doctor", help=doctor_help)
+        doctor.add_argument("--database", help="alias (default: CONTROL_DATABASE)")
+        doctor.add_argument(
+            "--partitioned-table",
+            action="append",
+            default=[],
+            help="a PostgreSQL table partitioned by time on its ID; repeat for more",
+        )
+        doctor.add_argument(
+            "--partitions-database", help="alias holding those tables (default: default)"
+        )
+        doctor.add_argument("--json", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -52,6 +74,15 @@ class Command(BaseCommand):
             self._decode(options["ids"], as_json=options["json"])
         elif action == "leases":
             self._leases(options.get("database"), as_json=options["json"])
+        elif action == "check":
+            self._check(options.get("database"))
+        elif action == "doctor":
+            self._doctor(
+                options.get("database"),
+                tables=options["partitioned_table"],
+                partitions_alias=options.get("partitions_database") or "default",
+                as_json=options["json"],
+            )
         else:
             self._reap(options.get("database"), dry_run=options["dry_run"])
 
@@ -83,15 +114,8 @@ class Command(BaseCommand):
             )
 
     def _allocator(self, alias: str | None) -> Any:
-        conf = get_settings()
-        alias = alias or conf.control_database
         try:
-            from ....worker import TableWorkerAllocator
-
-            url = conf.engine_url if conf.engine_url and alias == conf.control_database else (
-                sqlalchemy_url(alias)
-            )
-            return TableWorkerAllocator(url, create_tables=False)
+            return control_allocator(alias)
         except (SnowflakeError, ImportError, NotImplementedError) as error:
             raise CommandError(str(error)) from None
 
@@ -157,3 +181,55 @@ class Command(BaseCommand):
         self.stdout.write(
             f"reaped {len(reaped)} expired lease(s): {', '.join(map(str, reaped)) or '-'}"
         )
+
+    def _check(self, alias: str | None) -> None:
+        from ....worker import health
+
+        allocator = self._allocator(alias)
+        try:
+            result = health.check(allocator, get_settings().layout)
+        finally:
+            allocator.close()
+        if not result.ok:
+            raise CommandError(result.message)
+        self.stdout.write(result.message)
+
+    def _doctor(
+        self, alias: str | None, *, tables: list[str], partitions_alias: str, as_json: bool
+    ) -> None:
+        from ....sharding.partitioning import partition_bounds
+        from ....worker import health
+
+        if partitions_alias not in connections:
+            raise CommandError(
+                f"--partitions-database {partitions_alias!r} is not a database alias"
+            )
+
+        def read_partitions(table: str) -> list[tuple[str, int, int]]:
+            connection = connections[partitions_alias]
+            if connection.vendor != "postgresql":
+                raise CommandError(
+                    f"partitioning by time is PostgreSQL's; alias {partitions_alias!r} is "
+                    f"{connection.vendor} (give --partitions-database)"
+                )
+            return partition_bounds(connection, table)
+
+        allocator = self._allocator(alias)
+        try:
+            report = health.doctor(
+                allocator,
+                get_settings().layout,
+                partitioned_tables=tables,
+                read_partitions=read_partitions,
+            )
+        except SnowflakeError as error:
+            raise CommandError(str(error)) from None
+        finally:
+            allocator.close()
+        if as_json:
+            self.stdout.write(json.dumps(report.as_dict(), indent=2))
+        else:
+            self.stdout.write("\n".join(report.lines()))
+        problems = report.problems()
+        if problems:
+            raise CommandError(f"{len(problems)} problem(s): {problems[0]}")
