@@ -1,4 +1,5 @@
-"""README.md's non-Python code blocks: every console command is run or checked, YAML is parsed.
+"""README.md's non-Python code blocks: every console command is run or checked, YAML is parsed
+and its probe commands are run.
 
 The Python blocks are run by pytest-markdown-docs (``--markdown-docs`` in the pytest options,
 set up by ``tests/plugins/readme.py``). Here:
@@ -10,6 +11,8 @@ set up by ``tests/plugins/readme.py``). Here:
 * Other commands are checked: make targets exist, extras and the wheel name match
   ``pyproject.toml``, the options given to gunicorn, uvicorn and Celery are in their ``--help``,
   Django management sub-commands exist, environment variables are the library's.
+* YAML is parsed: each container's command and variables are checked, and its probes run
+  against the sample control database.
 * A block in any other language, or a Python block marked ``notest``, fails the test.
 """
 
@@ -47,7 +50,7 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 #: Variables a README command may set: the library's, and the examples' own.
 KNOWN_VARIABLES = {WORKER_URL_ENV, WORKER_ID_ENV, "DATABASE_URL", "CONTROL_URL"}
 #: Commands whose output changes from run to run: compare after digits are normalised.
-VARYING = ("generate", "bench", "workers", "--version", "layout")
+VARYING = ("generate", "bench", "workers", "doctor", "--version", "layout")
 
 
 @dataclass
@@ -247,7 +250,7 @@ def _containers(document: Any) -> Iterator[dict[str, Any]]:
 
 @pytest.mark.parametrize("block", [pytest.param(b, id=f"line{b.line}") for b in BLOCKS
                                    if b.lang == "yaml"])
-def test_yaml_block(block: Block) -> None:
+def test_yaml_block(block: Block, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     containers = list(_containers(yaml.safe_load(block.content)))
     assert containers, f"README.md:{block.line}: no containers"
     for container in containers:
@@ -255,6 +258,22 @@ def test_yaml_block(block: Block) -> None:
         assert names <= KNOWN_VARIABLES and WORKER_URL_ENV in names, names
         program, *rest = container["command"]
         _check_other([program, *rest], f"README.md:{block.line}")
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            probe = container.get(kind)
+            if probe is None:
+                continue
+            # The probe runs for real, with the container's SNOWFLAKE_WORKER_URL pointing at
+            # the README's control database, and must pass.
+            command = probe["exec"]["command"]
+            assert command[0] == "snowflake-db", f"README.md:{block.line}: {kind} {command}"
+            environment = {key: value for key, value in os.environ.items()
+                           if key not in (WORKER_URL_ENV, WORKER_ID_ENV)}
+            environment[WORKER_URL_ENV] = request.getfixturevalue("control_database")
+            result = subprocess.run([str(BIN / command[0]), *command[1:]], capture_output=True,
+                                    text=True, timeout=60, check=False, env=environment,
+                                    cwd=tmp_path)
+            assert result.returncode == 0, f"README.md:{block.line}: {kind}: {result.stderr}"
+            assert probe["timeoutSeconds"] >= 5, f"README.md:{block.line}: {kind} timeout"
 
 
 def test_every_link_inside_the_readme_resolves() -> None:

@@ -176,11 +176,16 @@ def test_gunicorn_preload_post_fork_leases_one_worker_id_per_worker(tmp_path: Pa
     assert server.pid not in {slot["pid"] for slot in live}
 
 
+CELERY_RECIPE = (
+    "# tasks.py  (run: SNOWFLAKE_WORKER_URL=… celery -A tasks worker --concurrency 4 "
+    "--max-tasks-per-child 100)"
+)
+
+
 def test_celery_prefork_worker_process_init_leases_one_worker_id_per_process(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "tasks.py").write_text(_readme_block(
-        "# tasks.py  (run: SNOWFLAKE_WORKER_URL=… celery -A tasks worker --concurrency 4)"))
+    (tmp_path / "tasks.py").write_text(_readme_block(CELERY_RECIPE))
     control = tmp_path / "control.db"
     server = subprocess.Popen(
         [str(BIN / "celery"), "-A", "tasks", "-b", "memory://", "worker", "--concurrency", "2",
@@ -193,3 +198,84 @@ def test_celery_prefork_worker_process_init_leases_one_worker_id_per_process(
     finally:
         output = _stop(server)
     assert len(live) == 2 and len({slot["pid"] for slot in live}) == 2, (live, output)
+
+
+#: Appended to the Celery recipe: 8 worker slots, a broker in files (tasks are sent from this
+#: test process), and a task that issues IDs and writes them down.
+_CELERY_RECYCLING = """
+
+# -- added by the test ---------------------------------------------------------------------------
+import json
+import os
+from pathlib import Path
+
+from snowflake_db import Layout
+from snowflake_db.worker import TableWorkerAllocator
+
+app.conf.broker_url = "filesystem://"
+broker_dir = os.environ["TEST_BROKER_DIR"]
+app.conf.broker_transport_options = {
+    "data_folder_in": broker_dir, "data_folder_out": broker_dir, "control_folder": broker_dir
+}
+snowflake_db.configure(
+    allocator=TableWorkerAllocator(os.environ["SNOWFLAKE_WORKER_URL"], lease_seconds=30),
+    layout=Layout(worker_bits=3),
+)
+
+
+@app.task
+def issue(task):
+    ids = [snowflake_db.snowflake_default() for _ in range(100)]
+    worker = snowflake_db.get_generator().worker_id
+    report = {"worker": worker, "pid": os.getpid(), "ids": ids}
+    Path(os.environ["TEST_RESULTS_DIR"], f"{task}.json").write_text(json.dumps(report))
+"""
+
+
+def test_celery_max_tasks_per_child_recycles_processes_without_parking_slots(
+    tmp_path: Path,
+) -> None:
+    """One task per pool process over 8 worker slots with 30 s leases: 24 tasks need 24
+    processes, so every retired process must release its slot as billiard ends it."""
+    from celery import Celery
+
+    tasks, broker, results = 24, tmp_path / "broker", tmp_path / "results"
+    broker.mkdir()
+    results.mkdir()
+    (tmp_path / "tasks.py").write_text(_readme_block(CELERY_RECIPE) + _CELERY_RECYCLING)
+    control = tmp_path / "control.db"
+    server = subprocess.Popen(
+        [str(BIN / "celery"), "-A", "tasks", "worker", "--concurrency", "2",
+         "--max-tasks-per-child", "1", "--pool", "prefork", "--without-gossip",
+         "--without-mingle", "--without-heartbeat"],
+        cwd=tmp_path, env=_environment(
+            SNOWFLAKE_WORKER_URL=f"sqlite:///{control}", TEST_BROKER_DIR=str(broker),
+            TEST_RESULTS_DIR=str(results)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    producer = Celery("tasks", broker="filesystem://")
+    producer.conf.broker_transport_options = {
+        "data_folder_in": str(broker), "data_folder_out": str(broker),
+        "control_folder": str(broker)}
+    try:
+        for task in range(tasks):
+            producer.send_task("tasks.issue", args=(task,))
+        deadline = time.monotonic() + 180
+        while (len(list(results.glob("*.json"))) < tasks and time.monotonic() < deadline
+               and server.poll() is None):
+            time.sleep(0.2)
+    finally:
+        output = _stop(server)
+    reports = [json.loads(path.read_text()) for path in results.glob("*.json")]
+    assert len(reports) == tasks, output[-3000:]
+    assert "WorkerIdExhaustedError" not in output, output[-3000:]
+    assert len({report["pid"] for report in reports}) == tasks  # a new process for every task
+    assert {report["worker"] for report in reports} <= set(range(8))
+    ids = [i for report in reports for i in report["ids"]]
+    assert len(ids) == len(set(ids)) == tasks * 100
+    listing = subprocess.run(
+        [str(BIN / "snowflake-db"), "workers", "list", "--json", "--url", f"sqlite:///{control}"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    # Stopped cleanly: every slot is free again, none parked for the lease length.
+    assert all(slot["state"] == "free" for slot in json.loads(listing.stdout)), listing.stdout
