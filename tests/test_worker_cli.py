@@ -145,6 +145,8 @@ BAD_URLS = [
     ("mariadb://root@127.0.0.1", "names no database; add /DBNAME"),
     ("sqlite://", "names no SQLite file; use sqlite:///PATH"),
     ("sqlite:///:memory:", "names no SQLite file"),
+    ("sqlite:///file::memory:?uri=true", "names no SQLite file"),
+    ("sqlite:///file:x?mode=memory&uri=true", "names no SQLite file"),
     ("postgresql+nosuchdriver://u@h/db", "nosuchdriver"),
     ("postgres://snow:s3cret@127.0.0.1:1/control", "postgresql+psycopg://snow:***@127.0.0.1:1/"),
 ]

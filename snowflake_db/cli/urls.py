@@ -21,12 +21,6 @@ URL_FORMS = (
     "postgresql://USER@HOST/DB (or postgres://), mysql:// or mariadb://USER@HOST/DB, "
     "or sqlite:///PATH"
 )
-#: Query parameters that name a local socket instead of a host.
-_SOCKET_PARAMETERS = {
-    "postgresql": ("host",),
-    "mysql": ("unix_socket",),
-    "mariadb": ("unix_socket",),
-}
 
 
 def resolve_url(text: str, origin: str) -> URL:
@@ -46,27 +40,26 @@ def resolve_url(text: str, origin: str) -> URL:
         url = make_url(text.strip())
     except Exception:
         raise CommandError(f"{origin}{text!r} is not a database URL; use {URL_FORMS}") from None
-    shown = url.render_as_string(hide_password=True)
-    if url.get_backend_name() == "sqlite":
-        if url.database in (None, "", ":memory:"):
-            raise CommandError(
-                f"{origin}{shown} names no SQLite file; use sqlite:///PATH (an in-memory "
-                "database is private to one connection)"
-            )
-        return url
-    from ..worker.connection import with_installed_driver
+    from ..worker.connection import unnamed_part, with_installed_driver
 
-    try:
-        url = with_installed_driver(url)
-    except InvalidArgumentError as error:
-        raise CommandError(f"{origin}{error}") from None
-    backend = url.get_backend_name()
-    socket = any(url.query.get(name) for name in _SOCKET_PARAMETERS[backend])
-    if not url.host and not socket:
+    shown = url.render_as_string(hide_password=True)
+    if url.get_backend_name() != "sqlite":
+        try:
+            url = with_installed_driver(url)
+        except InvalidArgumentError as error:
+            raise CommandError(f"{origin}{error}") from None
+    missing = unnamed_part(url)
+    if missing == "file":
         raise CommandError(
-            f"{origin}{shown} names no host; write it out (e.g. {backend}://USER@127.0.0.1/DB) "
-            "rather than relying on the driver's defaults"
+            f"{origin}{shown} names no SQLite file; use sqlite:///PATH (an in-memory "
+            "database is private to one connection)"
         )
-    if not url.database:
+    if missing == "host":
+        raise CommandError(
+            f"{origin}{shown} names no host; write it out (e.g. "
+            f"{url.get_backend_name()}://USER@127.0.0.1/DB) rather than relying on the "
+            "driver's defaults"
+        )
+    if missing == "database":
         raise CommandError(f"{origin}{shown} names no database; add /DBNAME after the host")
     return url

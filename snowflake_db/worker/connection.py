@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
@@ -108,30 +108,44 @@ def check_supported(url: URL) -> None:
     alike could lease from different tables, and their IDs collide. SQLite must be a file: an
     in-memory database is private to one connection, so its leases protect nothing.
     """
-    text = safe_url_text(url)
-    if url.get_backend_name() == "sqlite":
-        database = url.database or ""
-        if (
-            database in ("", ":memory:")
-            or database.startswith("file::memory:")
-            or _query_value(url, "mode") == "memory"
-        ):
-            raise InvalidArgumentError(
-                f"{text} is an in-memory SQLite database, private to one connection: leases "
-                "there protect nothing. Use a file (sqlite:///path/workers.db)"
-            )
+    missing = unnamed_part(url)
+    if missing is None:
         return
-    if not (url.host or _query_value(url, "host") or _query_value(url, "unix_socket")):
+    text = safe_url_text(url)
+    if missing == "file":
+        raise InvalidArgumentError(
+            f"{text} is an in-memory SQLite database, private to one connection: leases "
+            "there protect nothing. Use a file (sqlite:///path/workers.db)"
+        )
+    if missing == "host":
         raise InvalidArgumentError(
             f"the worker database URL {text!r} names no host or socket, so the driver would "
             "pick one from its defaults (environment, local socket); name it, e.g. "
             "postgresql+psycopg://user@db.example.com/app or ...?host=/var/run/postgresql"
         )
-    if not (url.database or _query_value(url, "dbname")):
-        raise InvalidArgumentError(
-            f"the worker database URL {text!r} names no database, so the driver would pick "
-            "one from its defaults (or none); add it, e.g. postgresql+psycopg://user@host/app"
+    raise InvalidArgumentError(
+        f"the worker database URL {text!r} names no database, so the driver would pick "
+        "one from its defaults (or none); add it, e.g. postgresql+psycopg://user@host/app"
+    )
+
+
+def unnamed_part(url: URL) -> Literal["file", "host", "database"] | None:
+    """What ``url`` leaves to the driver's defaults: no SQLite ``file`` (in-memory), no
+    ``host`` (or socket), no ``database``; None when it names all. The one rule that
+    :func:`check_supported` and the CLI's URL check (with their own wording) apply."""
+    if url.get_backend_name() == "sqlite":
+        database = url.database or ""
+        in_memory = (
+            database in ("", ":memory:")
+            or database.startswith("file::memory:")
+            or _query_value(url, "mode") == "memory"
         )
+        return "file" if in_memory else None
+    if not (url.host or _query_value(url, "host") or _query_value(url, "unix_socket")):
+        return "host"
+    if not (url.database or _query_value(url, "dbname")):
+        return "database"
+    return None
 
 
 def _query_value(url: URL, name: str) -> str:
