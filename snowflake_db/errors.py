@@ -73,7 +73,9 @@ class TimeExhaustedError(SnowflakeError):
 
 
 class NotConfiguredError(SnowflakeError):
-    """``snowflake_default()`` was called before the process-wide generator was configured."""
+    """Something a call needs was not set up first: the process-wide generator
+    (``snowflake_default()`` before ``configure()``), or prometheus_client's multiprocess mode
+    (``publish_multiprocess()`` without ``PROMETHEUS_MULTIPROC_DIR``)."""
 
 
 class ForkedWorkerIdError(SnowflakeError):

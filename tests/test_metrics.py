@@ -353,6 +353,7 @@ def test_opentelemetry_instruments_of_a_generator() -> None:
     ("module", "package", "extra"),
     [
         ("snowflake_db.exporters.prometheus", "prometheus_client", "prometheus"),
+        ("snowflake_db.exporters.prometheus_multiprocess", "prometheus_client", "prometheus"),
         ("snowflake_db.exporters.opentelemetry", "opentelemetry", "opentelemetry"),
     ],
 )

@@ -4,6 +4,7 @@ fencing through a database outage, slot counts, and both exporters with slots.""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -184,16 +185,20 @@ def test_an_outage_counts_renewal_failures_refusals_and_time_fenced(
 # -- exporters with the control database's slots --------------------------------------------------
 
 
-def test_prometheus_and_opentelemetry_with_slots(any_db: ScratchDatabase) -> None:
+def test_prometheus_and_opentelemetry_with_slots(
+    any_db: ScratchDatabase, caplog: pytest.LogCaptureFixture
+) -> None:
     generator, close = _populate(any_db)
     try:
         with overridden(generator):  # the process-wide generator, as configure() makes it
-            _check_exporters_with_slots(generator)
+            _check_exporters_with_slots(generator, caplog)
     finally:
         close()
 
 
-def _check_exporters_with_slots(generator: SnowflakeGenerator) -> None:
+def _check_exporters_with_slots(
+    generator: SnowflakeGenerator, caplog: pytest.LogCaptureFixture
+) -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from prometheus_client import CollectorRegistry, generate_latest
@@ -250,7 +255,9 @@ def _check_exporters_with_slots(generator: SnowflakeGenerator) -> None:
 
     # The control database gone (here: the allocator closed): the scrape still answers.
     generator._allocator.close()  # type: ignore[union-attr]
-    text_after = generate_latest(registry).decode()
+    with caplog.at_level(logging.WARNING, logger="snowflake_db.exporters"):
+        text_after = generate_latest(registry).decode()
     assert "snowflake_db_control_database_up 0.0" in text_after
+    assert "the worker slots were not counted" in caplog.text and "was closed" in caplog.text
     assert 'snowflake_db_worker_slots{state="live"}' not in text_after
     assert "was closed" in (metrics.snapshot(with_slots=True).slots_error or "")

@@ -176,6 +176,84 @@ def test_gunicorn_preload_post_fork_leases_one_worker_id_per_worker(tmp_path: Pa
     assert server.pid not in {slot["pid"] for slot in live}
 
 
+#: The README's /metrics endpoint next to an app that issues one ID per request.
+METRICS_WSGI_APP = '''
+import snowflake_db
+from metrics import metrics_app
+
+
+def app(environ, start_response):
+    if environ["PATH_INFO"] == "/metrics":
+        return metrics_app(environ, start_response)
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [str(snowflake_db.snowflake_default()).encode()]
+'''
+
+
+def _scrape(port: int) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        sample.name + "".join(f"{{{key}={value}}}" for key, value in sample.labels.items()): (
+            sample.value
+        )
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("snowflake_db_")
+    }
+
+
+def test_gunicorn_workers_figures_are_summed_by_prometheus_multiprocess(tmp_path: Path) -> None:
+    (tmp_path / "gunicorn.conf.py").write_text(
+        _readme_block("# gunicorn.conf.py  (run: PROMETHEUS_MULTIPROC_DIR=/run/prom "
+                      "SNOWFLAKE_WORKER_URL=… gunicorn -c gunicorn.conf.py myshop.wsgi)"))
+    (tmp_path / "metrics.py").write_text(
+        _readme_block("# metrics.py: the /metrics endpoint, served by any worker"))
+    (tmp_path / "wsgiapp.py").write_text(METRICS_WSGI_APP)
+    (tmp_path / "prom").mkdir()
+    port = _free_port()
+    server = subprocess.Popen(
+        [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--workers", "2",
+         "--bind", f"127.0.0.1:{port}", "wsgiapp:app"],
+        cwd=tmp_path,
+        env=_environment(SNOWFLAKE_WORKER_URL=f"sqlite:///{tmp_path}/control.db",
+                         PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prom")),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        issued = 0
+        deadline = time.monotonic() + 60
+        while issued < 40 and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
+                    int(response.read())
+            except OSError:
+                time.sleep(0.2)  # still starting
+                continue
+            issued += 1
+        # Each worker copies its figures every 5 s: wait for the copies, then every scrape
+        # (whichever worker answers it) must show the whole server's count.
+        deadline = time.monotonic() + 30
+        scrape = _scrape(port)
+        while scrape["snowflake_db_ids_issued_total"] < issued and time.monotonic() < deadline:
+            time.sleep(0.5)
+            scrape = _scrape(port)
+        scrapes = [scrape] + [_scrape(port) for _ in range(8)]
+    finally:
+        output = _stop(server)
+    assert issued == 40, output
+    assert [s["snowflake_db_ids_issued_total"] for s in scrapes] == [40] * 9, output
+    for each in scrapes:
+        assert each["snowflake_db_control_database_up"] == 1, (each, output)
+        # post_fork leased one slot in each worker, whether it served an ID or not.
+        assert each["snowflake_db_worker_slots{state=live}"] == 2
+        assert each["snowflake_db_lease_acquisitions_total"] == 2
+        assert each["snowflake_db_fenced_generators"] == 0
+        assert each["snowflake_db_worker_slot_capacity"] == Layout().max_worker_id + 1
+
+
 CELERY_RECIPE = (
     "# tasks.py  (run: SNOWFLAKE_WORKER_URL=… celery -A tasks worker --concurrency 4 "
     "--max-tasks-per-child 100)"

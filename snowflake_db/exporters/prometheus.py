@@ -10,13 +10,16 @@
 Every figure of :data:`snowflake_db.metrics.FIGURES` becomes ``snowflake_db_<field>``
 (counters get Prometheus's ``_total`` suffix); with ``with_slots=True`` each scrape also counts
 the control database's slots (one query) as ``snowflake_db_worker_slots{state=...}``.
+It reports the process that answers the scrape: behind a prefork server use
+:mod:`snowflake_db.exporters.prometheus_multiprocess` for the workers' figures.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
-from ..errors import MissingExtraError
+from ..errors import InvalidArgumentError, MissingExtraError
 
 try:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -25,11 +28,12 @@ except ImportError as error:
     raise MissingExtraError(__name__, package="prometheus_client", extra="prometheus") from error
 
 from .. import metrics
-from ..metrics import FIGURES, MetricsSnapshot
+from ..metrics import FIGURES, Figure, MetricsSnapshot
 
-__all__ = ["PREFIX", "SnowflakeCollector"]
+__all__ = ["PREFIX", "SnowflakeCollector", "help_text"]
 
 PREFIX = "snowflake_db_"
+logger = logging.getLogger("snowflake_db.exporters")
 _SLOT_STATES = ("live", "reserved", "expired", "free", "never_used")
 
 
@@ -37,16 +41,25 @@ class SnowflakeCollector(Collector):
     """Exposes this process's snowflake_db figures; register it once per registry.
 
     ``snapshot`` replaces the process-wide :func:`snowflake_db.metrics.snapshot` (for example
-    ``generator.metrics``) and receives ``with_slots``.
+    ``generator.metrics``) and receives ``with_slots``. ``process_figures=False`` leaves out
+    this process's figures, for the scraping process of a prefork server whose figures come
+    from :mod:`snowflake_db.exporters.prometheus_multiprocess` (the slots are the fleet's).
     """
 
     def __init__(
         self,
         *,
         with_slots: bool = False,
+        process_figures: bool = True,
         snapshot: Callable[..., MetricsSnapshot] = metrics.snapshot,
     ) -> None:
+        if not (with_slots or process_figures):
+            raise InvalidArgumentError(
+                "SnowflakeCollector(with_slots=False, process_figures=False) would report "
+                "nothing; keep one of them"
+            )
         self.with_slots = bool(with_slots)
+        self.process_figures = bool(process_figures)
         self._snapshot = snapshot
 
     def describe(self) -> list[Metric]:
@@ -58,9 +71,9 @@ class SnowflakeCollector(Collector):
 
     def _families(self, snapshot: MetricsSnapshot | None) -> Iterator[Metric]:
         """The metric families, with the snapshot's values (None: names only)."""
-        for figure in FIGURES:
+        for figure in FIGURES if self.process_figures else ():
             kind = CounterMetricFamily if figure.counter else GaugeMetricFamily
-            family = kind(PREFIX + figure.field, _help(figure.description, figure.unit))
+            family = kind(PREFIX + figure.field, help_text(figure))
             if snapshot is not None:
                 value = getattr(snapshot, figure.field)
                 if value is None:
@@ -101,7 +114,9 @@ def _slot_families(snapshot: MetricsSnapshot | None) -> Iterator[Metric]:
     answered.add_metric([], 0 if counts is None else 1)
     yield answered
     if counts is None:
-        return  # snapshot.slots_error says why
+        # The scrape still answers (control_database_up 0); the log says why.
+        logger.warning("snowflake_db: the worker slots were not counted: %s", snapshot.slots_error)
+        return
     for state in _SLOT_STATES:
         slots.add_metric([state], getattr(counts, state))
     capacity.add_metric([], counts.size)
@@ -113,5 +128,8 @@ def _slot_families(snapshot: MetricsSnapshot | None) -> Iterator[Metric]:
         yield stalest
 
 
-def _help(description: str, unit: str) -> str:
-    return f"{description} ({unit})" if unit in ("seconds", "ms") else description
+def help_text(figure: Figure) -> str:
+    """A figure's HELP line: its description, with the unit where the name lacks it."""
+    if figure.unit in ("seconds", "ms"):
+        return f"{figure.description} ({figure.unit})"
+    return figure.description
