@@ -1,6 +1,6 @@
 """Prometheus behind a prefork server: the figures of every process, summed by prometheus_client's
-multiprocess mode. Real processes (fork, a multiprocessing pool whose children end with
-os._exit, a child still running at the scrape) lease from a real control database; the scrape
+multiprocess mode. Real processes (fork, multiprocessing and billiard pools whose children end
+with os._exit, a child still running at the scrape) lease from a real control database; the scrape
 must count every ID each of them issued, exactly."""
 
 from __future__ import annotations
@@ -68,6 +68,13 @@ SCENARIO = textwrap.dedent(
     pool.close()
     pool.join()
 
+    # billiard (Celery's prefork pool): its workers call os._exit after their on_exit callback.
+    import billiard
+    pool = billiard.Pool(2, maxtasksperchild=1)
+    assert pool.map(issue, [700] * 4, chunksize=1) == [700] * 4
+    pool.close()
+    pool.join()
+
     # A child still running at the scrape: its own thread copied its figures meanwhile.
     ready_read, ready_write = os.pipe()
     done_read, done_write = os.pipe()
@@ -100,17 +107,18 @@ def test_every_process_is_counted_exactly_once(tmp_path: Path, sqlite_db: Scratc
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     running = report["while_running"]
-    # Parent 1000, forked child 2000, four pool children 3000 each, running child 500.
-    assert running["snowflake_db_ids_issued_total"] == 1000 + 2000 + 4 * 3000 + 500
-    # One lease per process: parent, forked child, four pool children, running child.
-    assert running["snowflake_db_lease_acquisitions_total"] == 7
+    # Parent 1000, forked child 2000, four multiprocessing pool children 3000 each, four
+    # billiard pool children 700 each, running child 500.
+    assert running["snowflake_db_ids_issued_total"] == 1000 + 2000 + 4 * 3000 + 4 * 700 + 500
+    # One lease per process: parent, forked child, eight pool children, running child.
+    assert running["snowflake_db_lease_acquisitions_total"] == 11
     assert running["snowflake_db_lease_acquisition_failures_total"] == 0
     assert running["snowflake_db_fenced_generators"] == 0
     assert running["snowflake_db_time_left_days"] > 20_000
     assert report["second_call"].startswith("InvalidArgumentError: publish_multiprocess(")
     assert "already publishes every 0.1 s" in report["second_call"]
-    # Seven processes wrote counters (pool children included), each to its own file.
-    assert sum(name.startswith("counter_") for name in report["files"]) == 7
+    # Eleven processes wrote counters (pool children included), each to its own file.
+    assert sum(name.startswith("counter_") for name in report["files"]) == 11
 
 
 def test_without_multiprocess_mode_the_error_says_how_to_set_it(
