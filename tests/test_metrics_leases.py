@@ -26,19 +26,10 @@ from snowflake_db.worker import TableLease, TableWorkerAllocator
 from .plugins.databases import ScratchDatabase
 from .test_worker_outage import LEASE_SECONDS as OUTAGE_LEASE_SECONDS
 from .test_worker_outage import Outage, recording
-from .worker_support import LEASE_SECONDS, allocator
+from .worker_support import LEASE_SECONDS, allocator, wait_for
 
 #: 16 worker slots: small enough to read every count.
 LAYOUT = Layout(worker_bits=4)
-
-
-def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def _populate(database: ScratchDatabase) -> tuple[SnowflakeGenerator, Callable[[], None]]:
@@ -62,7 +53,7 @@ def _populate(database: ScratchDatabase) -> tuple[SnowflakeGenerator, Callable[[
 def test_acquisitions_renewals_and_slot_counts(any_db: ScratchDatabase) -> None:
     generator, close = _populate(any_db)
     try:
-        assert _wait_for(lambda: generator.metrics().lease_renewals >= 2, 15)
+        assert wait_for(lambda: generator.metrics().lease_renewals >= 2, 15)
         figures = generator.metrics(with_slots=True)
         assert figures.lease_acquisitions == 1 and figures.lease_acquisition_failures == 0
         assert figures.lease_renewal_failures == 0 and figures.leases_lost == 0
@@ -131,7 +122,7 @@ def test_a_lost_lease_is_counted_and_a_new_one_acquired(any_db: ScratchDatabase)
                 )
         finally:
             engine.dispose()
-        assert _wait_for(lambda: generator.metrics().leases_lost == 1, 15)
+        assert wait_for(lambda: generator.metrics().leases_lost == 1, 15)
         generator.next_id()  # leases again
         figures = generator.metrics()
         assert figures.lease_acquisitions == 2 and figures.ids_issued == 1
@@ -151,18 +142,18 @@ def test_an_outage_counts_renewal_failures_refusals_and_time_fenced(
     try:
         generator.ensure_worker()
         with recording(generator) as recorder:
-            assert _wait_for(lambda: generator.metrics().lease_renewals >= 1, 10)
+            assert wait_for(lambda: generator.metrics().lease_renewals >= 1, 10)
             outage.cut()
             cut_at = time.monotonic()
-            assert _wait_for(lambda: generator.metrics().lease_refusals >= 1, 15)
+            assert wait_for(lambda: generator.metrics().lease_refusals >= 1, 15)
             time.sleep(0.5)
             if any_db.backend != "sqlite":  # refused connections fail renewals at once
-                assert _wait_for(lambda: generator.metrics().lease_renewal_failures >= 1, 15)
+                assert wait_for(lambda: generator.metrics().lease_renewal_failures >= 1, 15)
             during = generator.metrics()
             assert during.fenced_generators == 1 and during.fenced_seconds >= 0.4
             restored_at = time.monotonic()
             outage.restore()
-            assert _wait_for(lambda: bool(recorder.issued_between(restored_at, 1e12)), 20)
+            assert wait_for(lambda: bool(recorder.issued_between(restored_at, 1e12)), 20)
             time.sleep(0.2)
         after = generator.metrics()
         assert after.fenced_generators == 0

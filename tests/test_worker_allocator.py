@@ -25,6 +25,7 @@ from snowflake_db.worker import TableLease, TableWorkerAllocator
 from .plugins.databases import ScratchDatabase
 from .worker_support import (
     LEASE_SECONDS,
+    OffsetClock,
     allocator,
     database_now_ms,
     delete_registrations,
@@ -39,17 +40,6 @@ def _lease(gen: SnowflakeGenerator) -> TableLease:
     lease = gen.lease
     assert isinstance(lease, TableLease)
     return lease
-
-
-class OffsetClock:
-    """Real (monotonic, wall-anchored) time shifted by ``offset_ms``: a host whose clock is off."""
-
-    def __init__(self, offset_ms: int) -> None:
-        self._base = MonotonicClock()
-        self.offset_ms = offset_ms
-
-    def __call__(self) -> int:
-        return self._base() + self.offset_ms
 
 
 def test_acquire_stores_a_committed_lease_and_ids_decode_to_it(any_db: ScratchDatabase) -> None:

@@ -15,27 +15,15 @@ from snowflake_db import (
     ClockSkewError,
     InvalidArgumentError,
     Layout,
-    MonotonicClock,
     SnowflakeGenerator,
 )
 from snowflake_db.worker import TableLease
 from snowflake_db.worker.clock_skew import DEFAULT_CLOCK_SKEW_WARNING_MS
 
 from .plugins.databases import ScratchDatabase
-from .worker_support import allocator, read_slots
+from .worker_support import OffsetClock, allocator, read_slots
 
 LOGGER = "snowflake_db.worker"
-
-
-class OffsetClock:
-    """Real time shifted by ``offset_ms`` (changeable while running): a host whose clock is off."""
-
-    def __init__(self, offset_ms: int) -> None:
-        self._base = MonotonicClock()
-        self.offset_ms = offset_ms
-
-    def __call__(self) -> int:
-        return self._base() + self.offset_ms
 
 
 def _skew_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -14,7 +14,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -25,6 +25,7 @@ from snowflake_db.worker import TableLease, TableWorkerAllocator
 from snowflake_db.worker.connection import APPLICATION_NAME
 
 from .plugins.databases import ScratchDatabase, server_url
+from .worker_support import wait_for
 
 LEASE_SECONDS = 1.5
 
@@ -145,15 +146,6 @@ def recording(gen: SnowflakeGenerator) -> Iterator[Recorder]:
         thread.join(30)
 
 
-def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
-
-
 @pytest.mark.slow
 def test_connections_killed_then_database_unreachable_fences_and_recovers(
     any_db: ScratchDatabase,
@@ -167,17 +159,17 @@ def test_connections_killed_then_database_unreachable_fences_and_recovers(
         assert isinstance(lease, TableLease)
         with recording(gen) as recorder:
             # 1. Killing the allocator's connections alone: the heartbeat reconnects and renews.
-            assert _wait_for(lambda: lease.renewals >= 1, 10)
+            assert wait_for(lambda: lease.renewals >= 1, 10)
             if any_db.backend != "sqlite":
                 assert outage.kill_allocator_connections() >= 1
                 renewals = lease.renewals
-                assert _wait_for(lambda: lease.renewals >= renewals + 2, 10)
+                assert wait_for(lambda: lease.renewals >= renewals + 2, 10)
                 assert not lease.lost
 
             # 2. The database is unreachable for longer than a lease.
             cut_at = time.monotonic()
             outage.cut()
-            assert _wait_for(lambda: any(e is LeaseExpiredError for e, _ in recorder.errors), 15)
+            assert wait_for(lambda: any(e is LeaseExpiredError for e, _ in recorder.errors), 15)
             time.sleep(0.5)
             restored_at = time.monotonic()
             outage.restore()
@@ -186,7 +178,7 @@ def test_connections_killed_then_database_unreachable_fences_and_recovers(
             assert recorder.issued_between(cut_at + LEASE_SECONDS, restored_at) == []
 
             # 3. Back: the heartbeat renews (nobody took the slot) and IDs flow again.
-            assert _wait_for(lambda: bool(recorder.issued_between(restored_at, 1e12)), 20)
+            assert wait_for(lambda: bool(recorder.issued_between(restored_at, 1e12)), 20)
             time.sleep(0.3)
         ids = [i for i, _ in recorder.ids]
         assert len(ids) == len(set(ids)) and ids == sorted(ids)

@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -39,13 +39,18 @@ from snowflake_db.worker import TableLease, TableWorkerAllocator
 from .core_support import FakeAllocator, FakeLease
 from .plugins.databases import ScratchDatabase
 from .test_worker_outage import Outage
-from .worker_support import allocator, read_slots
+from .worker_support import allocator, read_slots, wait_for
 
 #: renew_every 0.5 s, safety margin 0.3 s (local deadline 1.2 s after a renewal starts);
 #: callers step in 0.175 s after a missed renewal and wait at most 0.125 s for one.
 LEASE_SECONDS = 1.5
 SPAWN = multiprocessing.get_context("spawn")
 T0 = DEFAULT_FAKE_START_MS
+
+
+def _wait_for(condition: Callable[[], object], seconds: float) -> bool:
+    """:func:`wait_for`, polled every 20 ms: these tests time renewals of 1.5 s leases."""
+    return wait_for(condition, seconds, poll=0.02)
 
 
 def _lease(gen: SnowflakeGenerator) -> TableLease:
@@ -100,15 +105,6 @@ def calling(gen: SnowflakeGenerator, threads: int = 3) -> Iterator[Callers]:
         callers.stop.set()
         for worker in workers:
             worker.join(30)
-
-
-def _wait_for(condition: Any, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return bool(condition())
 
 
 def _assert_unique_and_increasing_per_thread(callers: Callers) -> None:

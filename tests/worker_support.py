@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import URL
 
+from snowflake_db import MonotonicClock
 from snowflake_db.worker import TableWorkerAllocator
 from snowflake_db.worker.store import SlotRow, WorkerStore, db_now_ms
 
@@ -70,3 +73,25 @@ def delete_registrations(database: ScratchDatabase) -> None:
             connection.execute(text("DELETE FROM snowflake_worker_registrations"))
     finally:
         engine.dispose()
+
+
+def wait_for(condition: Callable[[], object], seconds: float, poll: float = 0.05) -> bool:
+    """Whether ``condition()`` became true within ``seconds`` (checked every ``poll``)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(poll)
+    return bool(condition())
+
+
+class OffsetClock:
+    """Real (monotonic, wall-anchored) time shifted by ``offset_ms``, changeable while running:
+    a host whose clock is off."""
+
+    def __init__(self, offset_ms: int) -> None:
+        self._base = MonotonicClock()
+        self.offset_ms = offset_ms
+
+    def __call__(self) -> int:
+        return self._base() + self.offset_ms
