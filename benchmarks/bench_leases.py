@@ -40,18 +40,17 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from itertools import pairwise, repeat
 from pathlib import Path
 from typing import Any
 
+from bench_worker import scratch_database  # the shared server's scratch database, dropped after
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import URL, make_url
 
 import snowflake_db
 from snowflake_db import DEFAULT_LAYOUT, SnowflakeError, SnowflakeGenerator
@@ -59,8 +58,6 @@ from snowflake_db.worker import TableLease, TableWorkerAllocator
 
 FORK = multiprocessing.get_context("fork")
 RESUME_TARGET_S = 2.0
-POSTGRES_ENV = "SNOWFLAKE_TEST_POSTGRES_URL"
-DEFAULT_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_PG_BIN = "/usr/lib/postgresql/15/bin"
 
 
@@ -285,22 +282,6 @@ def ids_of_worker_between(
 # -- databases -----------------------------------------------------------------------------------
 
 
-@contextmanager
-def scratch_database() -> Iterator[str]:
-    """A fresh database on the shared PostgreSQL server, dropped afterwards."""
-    server: URL = make_url(os.environ.get(POSTGRES_ENV, DEFAULT_POSTGRES))
-    name = f"sfdb_bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(server, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-        yield server.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 class ThrowawayPostgres:
     """A private PostgreSQL cluster in a temporary directory, on a free port (never the
     shared server): ``initdb``, then ``pg_ctl start``/``stop`` as the postgres user."""
@@ -436,6 +417,25 @@ def print_table(results: list[ProcessResult], extra: dict[int, str] | None = Non
         print(line)
 
 
+def print_totals(
+    results: list[ProcessResult], *, with_fenced: bool
+) -> tuple[int, int, Counter[str]]:
+    """Print the run's IDs, duplicates, threads out of order and errors by type (and the
+    seconds fenced); return the duplicates, the unordered threads and the errors."""
+    total, duplicates, unordered = count_duplicates(results)
+    errors: Counter[str] = Counter()
+    for result in results:
+        errors.update(result.errors)
+    fenced = ""
+    if with_fenced:
+        fenced = f"; fenced {sum(result.fenced_seconds for result in results):.2f} s in all"
+    print(
+        f"total: {total:,} IDs, {duplicates} duplicates, {unordered} threads out of order; "
+        f"errors: {dict(errors) or 'none'}{fenced}"
+    )
+    return duplicates, unordered, errors
+
+
 def load_average() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
@@ -450,7 +450,7 @@ def healthy_phase(args: argparse.Namespace, out: str) -> list[str]:
         f"{args.threads} threads, {args.lease_seconds:g} s leases, {args.seconds:g} s; "
         f"load average before: {load_average()}"
     )
-    with scratch_database() as url:
+    with scratch_database("postgresql") as url:
         results, _ = run_load(
             url,
             seconds=args.seconds,
@@ -463,15 +463,7 @@ def healthy_phase(args: argparse.Namespace, out: str) -> list[str]:
         )
     print(f"load average after: {load_average()}")
     print_table(results)
-    total, duplicates, unordered = count_duplicates(results)
-    errors: Counter[str] = Counter()
-    for result in results:
-        errors.update(result.errors)
-    print(
-        f"total: {total:,} IDs, {duplicates} duplicates, {unordered} threads out of order; "
-        f"errors: {dict(errors) or 'none'}; "
-        f"fenced {sum(r.fenced_seconds for r in results):.2f} s in all"
-    )
+    duplicates, unordered, errors = print_totals(results, with_fenced=True)
     missed = []
     if errors.get("LeaseExpiredError", 0):
         missed.append(f"healthy: {errors['LeaseExpiredError']} LeaseExpiredError (target 0)")
@@ -567,14 +559,7 @@ def outage_phase(args: argparse.Namespace, out: str) -> list[str]:
                 )
         extra[result.index] = "; ".join(notes)
     print_table(results, extra)
-    total, duplicates, unordered = count_duplicates(results)
-    errors: Counter[str] = Counter()
-    for result in results:
-        errors.update(result.errors)
-    print(
-        f"total: {total:,} IDs, {duplicates} duplicates, {unordered} threads out of order; "
-        f"errors: {dict(errors) or 'none'}"
-    )
+    duplicates, unordered, _ = print_totals(results, with_fenced=False)
     if duplicates or unordered:
         missed.append(f"outage: {duplicates} duplicates, {unordered} unordered threads")
     for path in (path for result in results for path in result.files):
