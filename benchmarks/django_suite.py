@@ -1,15 +1,27 @@
-"""Django's own test suite under ``BigAutoField`` and under ``SnowflakeAutoField``, compared.
+"""Django's own test suite under ``BigAutoField``, under ``SnowflakeAutoField``, and with the
+app installed, compared.
 
 Run it with ``python benchmarks/django_suite.py`` (or ``make django-suite``; not part of
 ``make test``). It downloads the Django sdist from PyPI (which ships ``tests/`` and
 ``runtests.py``) into ``--work-dir`` (default ``.venv/django-suite``), builds a venv there with
-that Django, psycopg, PyMySQL and this checkout, then runs the model-layer apps below once per
-auto field on SQLite, PostgreSQL and MariaDB, and prints, per backend, how many tests failed
-under each field and which tests fail only with Snowflake keys (and only with BigAutoField).
+that Django, psycopg, PyMySQL and this checkout, then runs the apps below on SQLite, PostgreSQL
+and MariaDB three times (``RUNS``): ``big`` (``BigAutoField``), ``snowflake``
+(``SnowflakeAutoField`` as ``DEFAULT_AUTO_FIELD``, the field alone) and ``app`` (the same field
+with ``snowflake_db.django`` in ``INSTALLED_APPS`` and ``SNOWFLAKE_DB`` leasing worker IDs from
+its table, as the README recommends). It prints, per backend, how many tests failed in each run,
+which fail only with Snowflake keys (and only with BigAutoField), and which fail only with the
+app installed.
 
-Target (issue 10): no test that passes with ``BigAutoField`` fails with ``SnowflakeAutoField``,
-except the ones in ``EXPECTED`` below, each with the reason (they assert AutoField's own SQL or
-column type). ``--check`` exits 1 on any other difference.
+Targets: no test that passes with ``BigAutoField`` fails with ``SnowflakeAutoField`` (issue 10),
+and none that passes with the field alone fails with the app installed (issue 17), except the
+ones in ``EXPECTED`` and ``EXPECTED_APP`` below, each with the reason. ``--check`` exits 1 on any
+other difference.
+
+``runtests.py`` sets ``INSTALLED_APPS`` and ``SILENCED_SYSTEM_CHECKS`` itself, so the ``app`` run
+uses a copy of it (``runtests_snowflake_app.py`` beside it) that adds ``snowflake_db.django`` to
+its always-installed apps and silences only ``snowflake_db.E012`` (Django's test models keep
+generic-relation object IDs in 32-bit columns). Like every project's, its second
+``apps.set_installed_apps()`` runs the app's ``ready()`` again.
 
 Django 6 needs Python 3.12+: ``--django 6.1 --python python3.12``. Databases are created under
 names unique to the run on the servers at ``SNOWFLAKE_TEST_POSTGRES_URL`` and
@@ -28,6 +40,7 @@ import sys
 import tarfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -39,19 +52,18 @@ APPS = (
     "delete", "select_related", "prefetch_related", "serializers", "fixtures", "fixtures_regress",
     "model_formsets", "admin_views", "generic_relations", "custom_pk", "aggregation",
     "expressions", "migrations", "contenttypes_tests", "auth_tests",
+    # the admin and forms, where the installed app (admin pages, a non-editable key) shows
+    "admin_docs", "admin_inlines", "model_forms", "apps",
 )
 
-FIELDS = {
-    "big": "django.db.models.BigAutoField",
-    "snowflake": "snowflake_db.django.fields.SnowflakeAutoField",
-}
+_BIG = "django.db.models.BigAutoField"
+_SNOWFLAKE = "snowflake_db.django.fields.SnowflakeAutoField"
+#: run name -> (DEFAULT_AUTO_FIELD, snowflake_db.django installed)
+RUNS = {"big": (_BIG, False), "snowflake": (_SNOWFLAKE, False), "app": (_SNOWFLAKE, True)}
+APP = "snowflake_db.django"
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 
 _RETURNING = "asserts AutoField's SQL: the key read back with RETURNING"
-_UPSERT = (
-    "asserts that bulk_create(update_conflicts=True) reads database-made keys back with "
-    "RETURNING; application-made keys are left None there (never a key the row may not have)"
-)
 #: Tests that differ by design, with the reason (each is listed in the README).
 EXPECTED: dict[str, str] = {
     "queries.test_db_returning.ReturningValuesTests.test_insert_returning": _RETURNING,
@@ -59,19 +71,6 @@ EXPECTED: dict[str, str] = {
     "bulk_create.tests.BulkCreateTests.test_explicit_batch_size_respects_max_batch_size": (
         "asserts AutoField's SQL: SQLite batches are sized for rows without the key column"
     ),
-    "model_fields.test_field_flags.FieldFlagsTests.test_non_editable_fields": (
-        "asserts AutoField's editable flag: the Snowflake key is not editable, which makes the "
-        "admin render inline rows' keys as it does for AutoField"
-    ),
-    **{
-        f"bulk_create.tests.BulkCreateTests.test_update_conflicts_{name}": _UPSERT
-        for name in ("two_fields_unique_fields_first", "two_fields_unique_fields_second",
-                     "unique_fields", "unique_fields_update_fields_db_column",
-                     "unique_two_fields_unique_fields_both",
-                     # MySQL/MariaDB upsert without a conflict target
-                     "no_unique_fields", "two_fields_no_unique_fields",
-                     "unique_two_fields_unique_no_unique_fields")
-    },
     "bulk_create.tests.BulkCreateTransactionTests.test_objs_with_and_without_pk": (
         "asserts AutoField's SQL: objects without a key go in a second INSERT (Django 6.1)"
     ),
@@ -87,11 +86,23 @@ EXPECTED: dict[str, str] = {
         "asserts the automatic key's class: the test app's migrations or expected fields name "
         "BigAutoField (Django 6.1; under Django 5.2 they fail with BigAutoField too)",
     ),
+    **dict.fromkeys(
+        [
+            "apps.tests.QueryPerformingAppTests.test_query_many_default_database_using_cursor",
+            "apps.tests.QueryPerformingAppTests.test_query_many_other_database_using_cursor",
+        ],
+        "a raw SQL INSERT without the key (cursor.executemany in an AppConfig.ready()): the "
+        "Snowflake column has no database default, so it fails instead of taking a small "
+        "number (PostgreSQL, MariaDB; SQLite's rowid fills it in)",
+    ),
     # Not a difference: a timing test that also fails under BigAutoField on a loaded machine.
     "serializers.test_deserialization.TestDeserializer.test_crafted_xml_performance": (
         "timing-sensitive (fails under BigAutoField too when the machine is busy)"
     ),
 }
+
+#: Tests that fail with the app installed but pass with the field alone, by design.
+EXPECTED_APP: dict[str, str] = {}
 
 #: A failure whose error is one of these stored a 64-bit key in a column of 32 bits or fewer
 #: that the test's own model declares (an IntegerField or a GenericForeignKey's
@@ -144,7 +155,16 @@ else:
     }[_backend]
     DATABASES = {alias: _server(_engine, alias) for alias in ("default", "other")}
 
-if "Snowflake" in DEFAULT_AUTO_FIELD:
+if os.environ.get("SUITE_APP"):
+    # As the README recommends: the app leases each process's worker ID from its table on the
+    # control database (its migration makes the table in every test database). Django's SQLite
+    # test databases live in memory, which the allocator's own connection cannot share: there
+    # the table is in a file named by ENGINE_URL.
+    SNOWFLAKE_DB = {"WORKER_SOURCE": "table"}
+    if _backend == "sqlite":
+        SNOWFLAKE_DB["ENGINE_URL"] = f"sqlite:///{os.environ['SUITE_WORKER_DB']}"
+        SNOWFLAKE_DB["ALLOCATOR_OPTIONS"] = {"create_tables": True}
+elif "Snowflake" in DEFAULT_AUTO_FIELD:
     import snowflake_db
     from snowflake_db.worker import TableWorkerAllocator
 
@@ -155,6 +175,7 @@ if "Snowflake" in DEFAULT_AUTO_FIELD:
 
 _RESULT_LINE = re.compile(r"^(?:ERROR|FAIL|UNEXPECTED SUCCESS): (\S+) \((\S+?)\)", re.MULTILINE)
 _SEPARATOR = re.compile(r"^={50,}$", re.MULTILINE)
+_UNFINISHED = "<the run did not finish"
 
 
 def _run(command: list[str], **kwargs: object) -> None:
@@ -193,6 +214,27 @@ def prepare(work_dir: Path, django_spec: str, python: str) -> tuple[Path, Path]:
     return venv_python, source / "tests"
 
 
+#: (text in runtests.py, its replacement) for the ``app`` run's copy.
+_APP_PATCHES = (
+    ('    "django.contrib.staticfiles",\n]', f'    "django.contrib.staticfiles",\n    "{APP}",\n]'),
+    ('        "fields.W342",  # ForeignKey(unique=True) -> OneToOneField\n',
+     '        "fields.W342",  # ForeignKey(unique=True) -> OneToOneField\n'
+     '        "snowflake_db.E012",  # 32-bit generic-relation object IDs in the test models\n'),
+)
+
+
+def app_runtests(tests_dir: Path) -> str:
+    """Write ``runtests.py`` with the app installed (see the module docstring); its name."""
+    text = (tests_dir / "runtests.py").read_text()
+    for old, new in _APP_PATCHES:
+        if text.count(old) != 1:
+            raise RuntimeError(f"runtests.py changed: {old!r} is not there once")
+        text = text.replace(old, new)
+    name = "runtests_snowflake_app.py"
+    (tests_dir / name).write_text(text)
+    return name
+
+
 def _server_env(backend: str) -> dict[str, str]:
     if backend == "sqlite":
         return {}
@@ -212,6 +254,8 @@ def _server_env(backend: str) -> dict[str, str]:
 def run_suite(venv_python: Path, tests_dir: Path, work_dir: Path, *, backend: str, field: str,
               apps: list[str], parallel: int) -> tuple[dict[str, str], str, float]:
     """Run the apps once; return the failing test ids, the log's path and the seconds taken."""
+    auto_field, installed = RUNS[field]
+    runtests = app_runtests(tests_dir) if installed else "runtests.py"
     run = f"djsuite_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     worker_db = work_dir / f"{run}_workers.sqlite3"
     env = {
@@ -220,8 +264,9 @@ def run_suite(venv_python: Path, tests_dir: Path, work_dir: Path, *, backend: st
         "PYTHONPATH": str(work_dir),
         "SUITE_BACKEND": backend,
         "SUITE_RUN": run,
-        "SUITE_AUTO_FIELD": FIELDS[field],
+        "SUITE_AUTO_FIELD": auto_field,
         "SUITE_WORKER_DB": str(worker_db),
+        "SUITE_APP": "1" if installed else "",
     }
     env.pop("SNOWFLAKE_WORKER_ID", None)
     env.pop("SNOWFLAKE_WORKER_URL", None)
@@ -229,7 +274,7 @@ def run_suite(venv_python: Path, tests_dir: Path, work_dir: Path, *, backend: st
     started = time.monotonic()
     with log.open("w") as out:
         subprocess.run(
-            [str(venv_python), "runtests.py", "--settings=suite_settings", "--noinput",
+            [str(venv_python), runtests, "--settings=suite_settings", "--noinput",
              f"--parallel={parallel}", *apps],
             cwd=tests_dir, env=env, stdout=out, stderr=subprocess.STDOUT, check=False,
         )
@@ -249,7 +294,7 @@ def failing_tests(text: str, log: Path) -> dict[str, str]:
             name, where = match.groups()
             failing[where if where.endswith(name) else f"{where}.{name}"] = block
     if not re.search(r"^Ran \d+ tests? in", text, re.MULTILINE):
-        failing[f"<the run did not finish: see {log}>"] = ""
+        failing[f"{_UNFINISHED}: see {log}>"] = ""
     return failing
 
 
@@ -262,12 +307,27 @@ def expected_reason(name: str, report: str) -> str | None:
     return None
 
 
+def compare(failing: dict[str, dict[str, str]], run: str, baseline: str,
+            expected: Callable[[str, str], str | None]) -> dict[str, str | None]:
+    """The tests failing in ``run`` but not in ``baseline``, each with its expected reason
+    (None: unexpected)."""
+    extra = sorted(name for name in set(failing[run]) - set(failing[baseline])
+                   if not name.startswith(_UNFINISHED))  # counted on their own
+    return {name: expected(name, failing[run][name]) for name in extra}
+
+
+def _expected_app(name: str, report: str) -> str | None:
+    return EXPECTED_APP.get(name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--django", default="5.2", help="Django release series (default 5.2)")
     parser.add_argument("--python", default=sys.executable, help="interpreter for the venv")
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--apps", default=" ".join(APPS), help="space-separated test apps")
+    parser.add_argument("--runs", default=",".join(RUNS),
+                        help=f"comma-separated runs among {', '.join(RUNS)} (default: all)")
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, default=ROOT / ".venv" / "django-suite")
     parser.add_argument("--check", action="store_true", help="exit 1 on unexpected differences")
@@ -276,47 +336,69 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reanalyse", action="store_true",
                         help="run nothing: compare the last run's logs again")
     args = parser.parse_args(argv)
+    runs = args.runs.split(",")
+    unknown = sorted(set(runs) - set(RUNS))
+    if unknown:
+        parser.error(f"unknown run(s) {', '.join(unknown)}; known: {', '.join(RUNS)}")
 
-    venv_python, tests_dir = prepare(args.work_dir.resolve(), args.django, args.python)
+    work_dir = args.work_dir.resolve()
+    venv_python, tests_dir = prepare(work_dir, args.django, args.python)
     apps = args.apps.split()
     unexpected_total = 0
     rows = []
     for backend in args.backends.split(","):
-        failing = {}
-        for field in FIELDS:
+        failing: dict[str, dict[str, str]] = {}
+        for field in runs:
             reuse = args.reanalyse or (field == "big" and args.reuse_baseline)
-            previous = args.work_dir.resolve() / f"{tests_dir.parent.name}-{backend}-{field}.log"
+            previous = work_dir / f"{tests_dir.parent.name}-{backend}-{field}.log"
             if reuse and previous.exists():
                 failing[field] = failing_tests(previous.read_text(errors="replace"), previous)
                 print(f"{backend:10} {field:9} {len(failing[field]):4} failing  "
                       f"(reused {previous})")
                 continue
             failing[field], log, seconds = run_suite(
-                venv_python, tests_dir, args.work_dir.resolve(), backend=backend, field=field,
+                venv_python, tests_dir, work_dir, backend=backend, field=field,
                 apps=apps, parallel=args.parallel)
             print(f"{backend:10} {field:9} {len(failing[field]):4} failing  "
                   f"{seconds:6.0f} s  {log}", flush=True)
-        only_snowflake = sorted(set(failing["snowflake"]) - set(failing["big"]))
-        only_big = sorted(set(failing["big"]) - set(failing["snowflake"]))
-        reasons = {name: expected_reason(name, failing["snowflake"][name])
-                   for name in only_snowflake}
-        unexpected = [name for name, reason in reasons.items() if reason is None]
-        unexpected_total += len(unexpected)
-        narrow = sum(reason == NARROW_COLUMN for reason in reasons.values())
-        rows.append((backend, len(failing["big"]), len(failing["snowflake"]),
-                     len(only_snowflake), narrow, len(unexpected)))
-        for name, reason in reasons.items():
-            print(f"  only with Snowflake: {name}  ({reason or 'UNEXPECTED'})")
-        for name in only_big:
-            print(f"  only with BigAutoField: {name}")
+        row: dict[str, object] = {"backend": backend, **{f: len(failing[f]) for f in failing}}
+        unexpected = 0
+        if {"big", "snowflake"} <= set(failing):
+            reasons = compare(failing, "snowflake", "big", expected_reason)
+            for name, reason in reasons.items():
+                print(f"  only with Snowflake: {name}  ({reason or 'UNEXPECTED'})")
+            for name in sorted(set(failing["big"]) - set(failing["snowflake"])):
+                print(f"  only with BigAutoField: {name}")
+            row["differ"] = len(reasons)
+            row["32-bit"] = sum(reason == NARROW_COLUMN for reason in reasons.values())
+            unexpected += sum(reason is None for reason in reasons.values())
+        if {"snowflake", "app"} <= set(failing):
+            reasons = compare(failing, "app", "snowflake", _expected_app)
+            for name, reason in reasons.items():
+                print(f"  only with the app installed: {name}  ({reason or 'UNEXPECTED'})")
+            for name in sorted(set(failing["snowflake"]) - set(failing["app"])):
+                print(f"  only without the app: {name}")
+            row["app only"] = len(reasons)
+            unexpected += sum(reason is None for reason in reasons.values())
+        unfinished = [name for run in failing.values() for name in run
+                      if name.startswith(_UNFINISHED)]
+        for name in unfinished:
+            print(f"  {name}  (UNEXPECTED)")
+        unexpected += len(unfinished)
+        row["unexpected"] = unexpected
+        unexpected_total += unexpected
+        rows.append(row)
 
-    print(f"\nDjango suite ({tests_dir.parent.name}, {len(apps)} apps): failing tests per field")
-    print(f"{'backend':10} {'BigAutoField':>12} {'Snowflake':>10} {'differ':>7} "
-          f"{'32-bit':>7} {'unexpected':>10}")
-    for backend, big, snowflake, differ, narrow, unexpected_count in rows:
-        print(f"{backend:10} {big:12} {snowflake:10} {differ:7} {narrow:7} {unexpected_count:10}")
-    print("(32-bit: tests whose own models keep keys in 32-bit integer columns; the rest of the "
-          "differences are listed in EXPECTED with their reasons)")
+    columns = ["backend", *runs, "differ", "32-bit", "app only", "unexpected"]
+    columns = [c for c in columns if any(c in row for row in rows)]
+    print(f"\nDjango suite ({tests_dir.parent.name}, {len(apps)} apps): failing tests per run")
+    print("  ".join(f"{c:>10}" for c in columns))
+    for row in rows:
+        print("  ".join(f"{row.get(c, '-')!s:>10}" for c in columns))
+    print("(big: BigAutoField; snowflake: SnowflakeAutoField alone; app: the field with "
+          "snowflake_db.django installed. differ: failing only with snowflake, of which 32-bit: "
+          "the test's model keeps keys in 32-bit columns; app only: failing only with the app; "
+          "the rest are listed in EXPECTED and EXPECTED_APP with their reasons)")
     verdict = "PASS" if unexpected_total == 0 else "FAIL"
     print(f"target: no unexpected difference -> {verdict} ({unexpected_total} unexpected)")
     return 1 if args.check and unexpected_total else 0

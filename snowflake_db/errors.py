@@ -124,6 +124,19 @@ class SnowflakeMigrationError(SnowflakeError):
     """A Snowflake migration step cannot be carried out; the message says why and what to do."""
 
 
+class NarrowColumnError(SnowflakeError):
+    """A column that holds Snowflake keys (a key, or a foreign key to one) is narrower than 64
+    bits in the database, so a key written there would fail or, on MySQL/MariaDB with
+    ``INSERT IGNORE`` or without strict mode, be clamped and its row silently lost.
+
+    ``columns`` lists them as ``(table, column, database type)``; nothing was written.
+    """
+
+    def __init__(self, message: str, columns: list[tuple[str, str, str]]) -> None:
+        self.columns = columns
+        super().__init__(message)
+
+
 # -- sharding ---------------------------------------------------------------------------------
 
 

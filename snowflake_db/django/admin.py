@@ -1,6 +1,11 @@
-"""Admin helpers: show when an object was created, decoded from its Snowflake ID.
+"""Admin helpers: show when an object was created, decoded from its Snowflake ID; and the
+app's admin module, which puts the worker pages on the default admin site.
 
 Ordering by the ID is ordering by creation time, so the column sorts on the primary key.
+The admin's autodiscovery (``django.contrib.admin``'s ``AdminConfig``) imports this module, as
+it does every app's ``admin.py``. Projects that use ``SimpleAdminConfig`` (no autodiscovery,
+Django's advice for a project's own ``AdminSite``) get nothing registered, even when they import
+the helpers here, and call ``snowflake_db.django.worker_admin.register(site)`` themselves.
 """
 
 from __future__ import annotations
@@ -59,3 +64,30 @@ class SnowflakeAdminMixin:
         if obj is not None and "snowflake_created" not in fields:
             fields += ("snowflake_created",)
         return fields
+
+
+def _register_worker_pages() -> None:
+    """The worker slot and registration pages on ``admin.site``, when the project's admin
+    autodiscovers and SQLAlchemy (which reads the leases) is installed.
+
+    Imported before the models are loaded (from a ``models.py``), this module registers
+    nothing, and autodiscovery does not import it again: call ``register(site)`` then.
+    """
+    from importlib.util import find_spec
+
+    from django.apps import apps
+    from django.contrib.admin.apps import AdminConfig
+
+    if not apps.models_ready or find_spec("sqlalchemy") is None:
+        return
+    try:
+        config = apps.get_app_config("admin")
+    except LookupError:
+        return
+    if isinstance(config, AdminConfig):  # not SimpleAdminConfig: autodiscovery is on
+        from .worker_admin import register
+
+        register(admin.site)
+
+
+_register_worker_pages()

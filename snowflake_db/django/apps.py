@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import threading
+from typing import TYPE_CHECKING
+
 from django.apps import AppConfig
+
+if TYPE_CHECKING:
+    from ..generator import SnowflakeGenerator
+    from .conf import SnowflakeSettings
+
+# The SNOWFLAKE_DB value that ready() last set the process-wide generator up from, and the
+# generator it made (None for the "manual" and "env" sources).
+_configured_from: SnowflakeSettings | None = None
+_configured: SnowflakeGenerator | None = None
+_configure_lock = threading.Lock()
 
 
 class SnowflakeDbConfig(AppConfig):
-    """Registers the system checks and the worker admin pages, and sets up
-    ``snowflake_default()`` from ``SNOWFLAKE_DB``.
+    """Registers the system checks and sets up ``snowflake_default()`` from ``SNOWFLAKE_DB``.
 
     ``ready()`` runs no query (Django warns against it:
     https://docs.djangoproject.com/en/stable/ref/applications/#django.apps.AppConfig.ready);
-    a table lease is taken with the first ID.
+    a table lease is taken with the first ID. It may run many times in one process (Django's
+    ``runtests.py``, ``override_settings(INSTALLED_APPS=...)`` and ``modify_settings`` build the
+    app registry again): only the first run with a given ``SNOWFLAKE_DB`` configures anything,
+    so a live generator and its lease survive. The worker admin pages are in ``admin.py``, found
+    by the admin's autodiscovery like every app's.
     """
 
     name = "snowflake_db.django"
@@ -21,12 +37,16 @@ class SnowflakeDbConfig(AppConfig):
 
     def ready(self) -> None:
         from django.core.exceptions import ImproperlyConfigured
+        from django.db.models.signals import post_migrate
 
-        from . import checks  # noqa: F401 - registers the checks
+        from . import checks  # noqa: F401 - registers the checks (once: an import)
+        from .widening import widen_after_migrate
+
+        # Auto-created many-to-many keys are widened after every migrate (see .widening);
+        # dispatch_uid keeps one receiver per app config however often ready() runs.
+        post_migrate.connect(widen_after_migrate, sender=self, dispatch_uid=__name__)
         from .conf import get_settings
-        from .worker import configure_from_settings, explain_invalid_settings
-
-        _register_admin_pages()
+        from .worker import explain_invalid_settings
 
         try:
             conf = get_settings()
@@ -35,17 +55,32 @@ class SnowflakeDbConfig(AppConfig):
             # learn it from the first ID's NotConfiguredError.
             explain_invalid_settings(error)
             return
-        configure_from_settings(conf)
+        configure_once(conf)
 
 
-def _register_admin_pages() -> None:
-    """The worker slot and registration pages, on the default admin site, when
-    ``django.contrib.admin`` is installed and SQLAlchemy (which reads the leases) is there."""
-    from importlib.util import find_spec
+def configure_once(conf: SnowflakeSettings) -> bool:
+    """Set up the process-wide generator from ``conf`` unless ``ready()`` already did from an
+    equal value; return whether it configured.
 
-    from django.apps import apps
+    Configuring again would close the generator in use (its lease released, a new one taken
+    with the next ID) and undo a ``snowflake_db.configure()`` made since. A changed
+    ``SNOWFLAKE_DB`` is applied (the generator it replaces is closed and releases its lease).
+    """
+    global _configured_from, _configured  # noqa: PLW0603 - one process-wide generator
+    from ..process import current_generator
+    from .worker import DjangoTableWorkerAllocator, configure_from_settings
 
-    if apps.is_installed("django.contrib.admin") and find_spec("sqlalchemy") is not None:
-        from .worker_admin import register
-
-        register()
+    with _configure_lock:
+        if _configured_from is not None and _configured_from == conf:
+            return False
+        previous, ours = current_generator(), _configured
+        _configured = configure_from_settings(conf)
+        _configured_from = conf
+    # The table allocator configure_from_settings() made for the generator it replaced is owned
+    # by nobody else: close its engines now rather than when garbage collection gets to them
+    # (an open connection stops PostgreSQL from dropping the database).
+    allocator = getattr(ours, "_allocator", None)
+    replaced = previous is ours and current_generator() is not ours
+    if replaced and isinstance(allocator, DjangoTableWorkerAllocator):
+        allocator.close()
+    return True

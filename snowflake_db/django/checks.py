@@ -12,8 +12,12 @@
                               ``DEFAULT_AUTO_FIELD`` (``manage.py startapp`` writes one)
 ``snowflake_db.E012``         a ``GenericForeignKey``'s object ID column has fewer than 64 bits
                               while models have Snowflake keys
-``snowflake_db.E010``         a Snowflake column (or a foreign key to one) is not 64-bit in the DB
+``snowflake_db.E010``         a Snowflake column (or a foreign key to one) is not 64-bit in the DB,
+                              and no pending migration changes it
+``snowflake_db.W010``         the same, for a column that ``migrate`` widens (a pending migration,
+                              or an auto-created many-to-many key): never blocks ``migrate``
 ``snowflake_db.E011``         existing IDs decode to the future: epoch or layout changed
+``snowflake_db.E013``         ``SNOWFLAKE_SHARD_ROUTER``'s layout is not ``SNOWFLAKE_DB["LAYOUT"]``
 ============================  =================================================================
 
 E010 and E011 query the database, so they run only where Django runs database checks
@@ -28,7 +32,7 @@ import os
 import sys
 import sysconfig
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,19 +46,12 @@ from django.utils.module_loading import import_string
 
 from ..errors import SnowflakeError
 from ..process import WORKER_ID_ENV, WORKER_URL_ENV
+from .columns import narrow_columns, snowflake_models
 from .conf import SnowflakeSettings, get_settings
 from .fields import SnowflakeAutoField, is_snowflake_field
 from .worker import README_SECTION
 
 APP_LABEL = "snowflake_db"
-
-#: The ``db_type`` values (lower case, first word) that hold 64 bits, per vendor.
-_BIGINT_TYPES = {
-    "postgresql": {"bigint", "int8", "bigserial", "serial8"},
-    "mysql": {"bigint"},
-    # Every SQLite integer is 64-bit (https://www.sqlite.org/datatype3.html).
-    "sqlite": {"integer", "bigint", "int", "int8"},
-}
 
 #: Django field types whose column has fewer than 64 bits on PostgreSQL and MySQL/MariaDB.
 _NARROW_INTEGER_TYPES = frozenset(
@@ -228,6 +225,37 @@ def check_generic_foreign_keys(
     return errors
 
 
+@register()
+def check_shard_router_layout(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """E013: the shard router and the generator must use one layout, or every new sharded
+    row's key is refused (ShardingError) at its first ``create()``."""
+    if getattr(settings, "SNOWFLAKE_SHARD_ROUTER", None) is None:
+        return []
+    conf, errors = _settings()
+    if conf is None:
+        return errors
+    from .sharding import get_shard_router
+
+    try:
+        router_layout = get_shard_router().layout
+    except (ImproperlyConfigured, ImportError, SnowflakeError) as error:
+        return [Error(f"SNOWFLAKE_SHARD_ROUTER: {error}", id="snowflake_db.E013")]
+    if router_layout == conf.layout:
+        return []
+    return [
+        Error(
+            f"SNOWFLAKE_SHARD_ROUTER's layout {router_layout.as_kwargs()} differs from the "
+            f"layout IDs are made with, SNOWFLAKE_DB['LAYOUT'] {conf.layout.as_kwargs()}: "
+            "every new sharded row's key would be refused (ShardingError)",
+            hint="Set SNOWFLAKE_DB['LAYOUT'] to the router's layout, e.g. "
+            f"SNOWFLAKE_DB = {{..., 'LAYOUT': {router_layout.as_kwargs()}}}.",
+            id="snowflake_db.E013",
+        )
+    ]
+
+
 def _check_table_source(conf: SnowflakeSettings) -> list[CheckMessage]:
     errors: list[CheckMessage] = []
     alias = conf.control_database
@@ -292,18 +320,6 @@ def _driver_modules(vendor: str) -> tuple[str, ...]:
     return ()
 
 
-def _snowflake_columns(model: Any) -> Iterable[tuple[str, str]]:
-    """(column, what) pairs of a model that must be 64-bit: Snowflake fields and FKs to them."""
-    for field in model._meta.local_fields:
-        if is_snowflake_field(field):
-            yield field.column, f"{model._meta.label}.{field.name}"
-        elif field.is_relation and (field.many_to_one or field.one_to_one):
-            target = getattr(field, "target_field", None)
-            if target is not None and is_snowflake_field(target):
-                label = f"{model._meta.label}.{field.name} (-> {target.model._meta.label})"
-                yield field.column, label
-
-
 @register(Tags.database)
 def check_database(
     app_configs: Sequence[Any] | None = None,
@@ -316,68 +332,70 @@ def check_database(
     conf, errors = _settings()
     if conf is None:
         return errors
-    models = [
-        model
-        for model in apps.get_models()
-        if model._meta.managed and not model._meta.proxy and any(_snowflake_columns(model))
-    ]
     for alias in databases:
         connection = connections[alias]
+        errors.extend(_check_column_types(connection))
         with connection.cursor() as cursor:
             tables = set(connection.introspection.table_names(cursor))
-            for model in models:
-                table = model._meta.db_table
-                if table not in tables or not router.allow_migrate_model(alias, model):
-                    continue
-                errors.extend(_check_column_types(connection, cursor, model))
-                errors.extend(_check_epoch(connection, cursor, model, conf))
+            for model in snowflake_models(alias):
+                if model._meta.db_table in tables and not model._meta.auto_created:
+                    errors.extend(_check_epoch(connection, cursor, model, conf))
     return errors
 
 
-def _column_types(connection: Any, cursor: Any, table: str) -> dict[str, str]:
-    if connection.vendor == "postgresql":
-        cursor.execute(
-            "SELECT column_name, data_type FROM information_schema.columns "
-            "WHERE table_schema = current_schema() AND table_name = %s",
-            [table],
-        )
-    elif connection.vendor == "mysql":
-        cursor.execute(
-            "SELECT column_name, data_type FROM information_schema.columns "
-            "WHERE table_schema = DATABASE() AND table_name = %s",
-            [table],
-        )
-    elif connection.vendor == "sqlite":
-        cursor.execute(f"PRAGMA table_info({connection.ops.quote_name(table)})")
-        return {row[1]: str(row[2]) for row in cursor.fetchall()}
-    else:
-        return {}
-    return {str(name): str(kind) for name, kind in cursor.fetchall()}
+def _pending_apps(connection: Any) -> set[str]:
+    """Apps with migrations not yet applied on this database."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    try:
+        executor = MigrationExecutor(connection)
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    except DatabaseError:
+        return set()
+    return {migration.app_label for migration, backwards in plan if not backwards}
 
 
-def _check_column_types(connection: Any, cursor: Any, model: Any) -> list[CheckMessage]:
-    allowed = _BIGINT_TYPES.get(connection.vendor)
-    if allowed is None:
-        return []
-    types = _column_types(connection, cursor, model._meta.db_table)
-    errors: list[CheckMessage] = []
-    for column, what in _snowflake_columns(model):
-        kind = types.get(column)
-        if kind is None:
-            continue
-        first = kind.lower().split("(")[0].split()[0] if kind.strip() else ""
-        if first not in allowed:
-            errors.append(
-                Error(
-                    f"{what}: column {model._meta.db_table}.{column} on database "
-                    f"{connection.alias!r} is {kind}, which cannot hold a 64-bit Snowflake ID",
-                    hint="Apply (or create with makemigrations) the migration that makes it "
-                    "BIGINT.",
-                    obj=model,
-                    id="snowflake_db.E010",
+def _check_column_types(connection: Any, models: Sequence[Any] | None = None) -> list[CheckMessage]:
+    """E010 for a narrow column that ``migrate`` will not fix; W010 for one it will (a pending
+    migration of the app that owns it, or an auto-created many-to-many key, which
+    :mod:`.widening` alters after ``migrate``): the check never blocks the migration that
+    repairs what it reports."""
+    narrow = narrow_columns(connection, models)
+    pending = _pending_apps(connection) if narrow else set()
+    messages: list[CheckMessage] = []
+    for column in narrow:
+        where = (
+            f"{column.what}: column {column.table}.{column.column} on database "
+            f"{connection.alias!r} is {column.db_type}, which cannot hold a 64-bit Snowflake ID"
+        )
+        fixing = sorted(column.owner_apps & pending)
+        if column.is_through_key or fixing:
+            by = (
+                f"the pending migrations of {', '.join(fixing)}"
+                if fixing
+                else "snowflake_db after migrating (auto-created many-to-many keys)"
+            )
+            messages.append(
+                Warning(
+                    f"{where}; `migrate` widens it ({by})",
+                    hint="Run `manage.py migrate`. Until then MySQL/MariaDB writes of "
+                    "Snowflake keys on this database are refused (NarrowColumnError).",
+                    obj=column.model,
+                    id="snowflake_db.W010",
                 )
             )
-    return errors
+            continue
+        messages.append(
+            Error(
+                where,
+                hint="Run `manage.py makemigrations` then `manage.py migrate`; for a table "
+                "Django does not manage, widen the column by hand (see the README's "
+                "'Adding Snowflake keys to an existing project').",
+                obj=column.model,
+                id="snowflake_db.E010",
+            )
+        )
+    return messages
 
 
 def _check_epoch(

@@ -1,10 +1,11 @@
 """Read-only admin pages for the worker tables: who holds which slot, and a "reap" action.
 
-Registered on the default admin site by :mod:`snowflake_db.django.admin` when
-``django.contrib.admin`` is installed; :func:`register` puts them on another site. Nobody can
-add, change or delete a row here (the allocator owns them, and a deleted slot row would lose
-its high-water mark); the only write is the action, which calls the table allocator's ``reap``
-for the selected slots. Lease states are judged by the database's clock, read once per page.
+Registered on the default admin site by :mod:`snowflake_db.django.admin` (the app's admin
+module, which the admin's autodiscovery imports); :func:`register` puts them on another site.
+Nobody can add, change or delete a row here (the allocator owns them, and a deleted slot row
+would lose its high-water mark); the only write is the action, which calls the table
+allocator's ``reap`` for the selected slots. Lease states are judged by the database's clock,
+read once per page.
 """
 
 from __future__ import annotations
@@ -232,7 +233,16 @@ class WorkerRegistrationAdmin(_ReadOnly, admin.ModelAdmin):
 
 
 def register(site: Any = None) -> None:
-    """Put the worker pages on ``site`` (default: ``django.contrib.admin.site``)."""
+    """Put the worker pages on ``site`` (default: ``django.contrib.admin.site``).
+
+    A model already on ``site`` is left as it is (a second call, or your own admin class for
+    it), so calling this from a project's admin module or ``ready()`` never raises
+    ``AlreadyRegistered``.
+    """
     site = site if site is not None else admin.site
-    site.register(WorkerSlot, WorkerSlotAdmin)
-    site.register(WorkerRegistration, WorkerRegistrationAdmin)
+    for model, model_admin in (
+        (WorkerSlot, WorkerSlotAdmin),
+        (WorkerRegistration, WorkerRegistrationAdmin),
+    ):
+        if not site.is_registered(model):
+            site.register(model, model_admin)

@@ -84,3 +84,37 @@ def test_e012_silent_on_wide_object_ids(tmp_path: Path, wide: str) -> None:
 def test_e012_silent_without_snowflake_keys(tmp_path: Path) -> None:
     assert _checks(tmp_path, default_auto_field="django.db.models.BigAutoField",
                    object_id="PositiveIntegerField") == []
+
+
+#: The router E013 compares (a dotted path in SNOWFLAKE_SHARD_ROUTER names it).
+SHARD_ROUTER: object = None
+
+
+def test_e013_shard_router_layout_must_be_the_generators() -> None:
+    """The README's Django sharding settings once omitted SNOWFLAKE_DB["LAYOUT"]: check was
+    clean and the first create() raised. Now check names the setting and the value to give."""
+    from django.conf import settings
+    from django.test.utils import override_settings
+
+    from snowflake_db import Layout
+    from snowflake_db.django.checks import check_shard_router_layout
+    from snowflake_db.django.conf import get_layout
+    from snowflake_db.sharding import ShardRouter
+
+    global SHARD_ROUTER  # noqa: PLW0603 - the module attribute the setting names
+    sharded = {**get_layout().as_kwargs(), "sequence_bits": 8, "shard_bits": 4}
+    SHARD_ROUTER = ShardRouter(["default"], layout=Layout(**sharded))
+    path = f"{__name__}.SHARD_ROUTER"
+    with override_settings(SNOWFLAKE_SHARD_ROUTER=path):
+        (error,) = check_shard_router_layout()
+    assert error.id == "snowflake_db.E013"
+    assert "SNOWFLAKE_DB['LAYOUT']" in error.msg and "'shard_bits': 4" in error.msg
+    assert "'sequence_bits': 8" in error.hint
+    fixed = {**settings.SNOWFLAKE_DB, "LAYOUT": sharded}
+    fixed.pop("EPOCH", None)
+    with override_settings(SNOWFLAKE_SHARD_ROUTER=path, SNOWFLAKE_DB=fixed):
+        assert check_shard_router_layout() == []
+    with override_settings(SNOWFLAKE_SHARD_ROUTER="tests.django.nowhere.ROUTER"):
+        (error,) = check_shard_router_layout()
+    assert error.id == "snowflake_db.E013" and "nowhere" in error.msg
+    assert check_shard_router_layout() == []  # no SNOWFLAKE_SHARD_ROUTER: nothing to compare

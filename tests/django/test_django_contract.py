@@ -88,25 +88,45 @@ def test_bulk_create_ignore_conflicts_claims_no_key_that_may_not_exist(backend: 
     given = Sku(pk=987_654_321, code="given")
     objects = [Sku(code="a", quantity=2), Sku(code="b", quantity=3), given]
     Sku.objects.bulk_create(objects, ignore_conflicts=True)
-    # As with AutoField: Django cannot tell which rows were written, so no key is claimed...
-    assert [obj.pk for obj in objects[:2]] == [None, None]
-    # ...but a key the caller gave stays, as it does with AutoField.
-    assert given.pk == 987_654_321
+    # As with AutoField: Django cannot tell which rows were written, so no key is claimed and
+    # the objects stay unsaved (adding, no database)...
+    assert [(obj.pk, obj._state.adding, obj._state.db) for obj in objects[:2]] == [
+        (None, True, None), (None, True, None)
+    ]
+    # ...but a key the caller gave stays, and the object is marked saved, as with AutoField.
+    assert (given.pk, given._state.adding, given._state.db) == (987_654_321, False, backend)
     assert sorted(Sku.objects.values_list("code", "quantity")) == [("a", 1), ("b", 3), ("given", 0)]
+    # The kept state is an ordinary one again: a later save() marks the object saved.
+    objects[1].code = "b2"
+    objects[1].save()
+    assert (objects[1]._state.adding, objects[1]._state.db) == (False, backend)
+    assert Sku.objects.get(pk=objects[1].pk).code == "b2"
 
 
-def test_bulk_create_update_conflicts_claims_no_new_key_for_an_old_row(backend: str) -> None:
+@pytest.mark.parametrize("batch_size", [None, 1])
+def test_bulk_create_update_conflicts_gives_each_object_its_rows_key(
+    backend: str, batch_size: int | None
+) -> None:
+    """As BigAutoField does where the backend returns rows (PostgreSQL, SQLite, MariaDB): the
+    key of the row updated, or of the row inserted."""
     existing = Sku.objects.create(code="a", quantity=1)
-    objects = [Sku(code="a", quantity=5), Sku(code="b", quantity=6)]
-    with_target = connections[backend].features.supports_update_conflicts_with_target
+    objects = [Sku(code="a", quantity=5), Sku(code="b", quantity=6), Sku(code="c", quantity=7)]
+    connection = connections[backend]
+    with_target = connection.features.supports_update_conflicts_with_target
     Sku.objects.bulk_create(
         objects, update_conflicts=True, update_fields=["quantity"],
-        unique_fields=["code"] if with_target else None,
+        unique_fields=["code"] if with_target else None, batch_size=batch_size,
     )
-    # The updated row keeps its old key; the object must not claim the new one it was given.
-    assert [obj.pk for obj in objects] == [None, None]
-    assert Sku.objects.get(code="a").pk == existing.pk
-    assert dict(Sku.objects.values_list("code", "quantity")) == {"a": 5, "b": 6}
+    rows = dict(Sku.objects.values_list("code", "pk"))
+    assert rows["a"] == existing.pk  # the updated row keeps its old key
+    assert connection.features.can_return_rows_from_bulk_insert  # on every backend tested here
+    assert [obj.pk for obj in objects] == [rows["a"], rows["b"], rows["c"]]
+    assert all(not obj._state.adding and obj._state.db == backend for obj in objects)
+    assert dict(Sku.objects.values_list("code", "quantity")) == {"a": 5, "b": 6, "c": 7}
+    # The objects are the rows: saving one updates it, no second row.
+    objects[0].quantity = 9
+    objects[0].save()
+    assert Sku.objects.get(code="a").quantity == 9 and Sku.objects.count() == 3
 
 
 def test_bulk_create_without_conflicts_fills_every_key_without_reading_back(backend: str) -> None:

@@ -4,9 +4,6 @@ and switching an existing BigAutoField project to SnowflakeAutoField on every ba
 from __future__ import annotations
 
 import io
-import json
-import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -20,9 +17,8 @@ from sqlalchemy.engine import URL
 
 from snowflake_db.django.worker import sqlalchemy_url
 from snowflake_db.worker.schema import worker_tables
+from tests.django.scenario_support import django_database, run_step
 from tests.plugins.databases import create_database, drop_database
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 # makemigrations checks the migration history of every alias.
@@ -120,34 +116,8 @@ def test_migrated_worker_tables_mirror_the_allocator_schema(tx_backend: str) -> 
 # -- switching DEFAULT_AUTO_FIELD -------------------------------------------------------------
 
 
-def _django_database(url: URL) -> dict[str, object]:
-    if url.get_backend_name() == "sqlite":
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": url.database}
-    engine = (
-        "django.db.backends.postgresql"
-        if url.get_backend_name() == "postgresql"
-        else "django.db.backends.mysql"
-    )
-    return {
-        "ENGINE": engine,
-        "NAME": url.database,
-        "USER": url.username or "",
-        "PASSWORD": url.password or "",
-        "HOST": url.host or "",
-        "PORT": str(url.port or ""),
-    }
-
-
 def _step(step: str, workdir: Path, database: dict[str, object]) -> dict[str, object]:
-    env = {**os.environ, "SWITCH_DATABASE": json.dumps(database)}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.django.switch_scenario", step, str(workdir)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    data: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
-    return data
+    return run_step("tests.django.switch_scenario", step, workdir, "SWITCH_DATABASE", database)
 
 
 @pytest.mark.parametrize("backend_name", ["postgresql", "mariadb", "sqlite"])
@@ -159,7 +129,7 @@ def test_switching_default_auto_field_gives_a_clean_migration(
     _require(BACKEND_ALIASES[backend_name])
     scratch = create_database(backend_name, tmp_path)
     try:
-        database = _django_database(scratch.url)
+        database = django_database(scratch.url)
         before = _step("before", tmp_path, database)
         after = _step("after", tmp_path, database)
     finally:

@@ -62,6 +62,7 @@ def _rows(html: str) -> dict[str, str]:
 
 
 def test_pages_are_registered_on_the_default_site() -> None:
+    """By the app's admin.py, which autodiscovery (the test project's AdminConfig) imports."""
     assert isinstance(admin.site._registry[WorkerSlot], WorkerSlotAdmin)
     assert isinstance(admin.site._registry[WorkerRegistration], WorkerRegistrationAdmin)
 
@@ -172,8 +173,8 @@ def test_the_admin_summary_is_the_doctor_line_of_the_cli_and_manage_py(tx_backen
 
 
 def test_pages_need_django_contrib_admin() -> None:
-    """Without django.contrib.admin in INSTALLED_APPS the app registers nothing (and
-    starts): run a fresh process with the admin removed."""
+    """Without django.contrib.admin in INSTALLED_APPS nothing imports the app's admin.py
+    (and the app starts): run a fresh process with the admin removed."""
     code = (
         "import django, os\n"
         "from django.conf import settings\n"

@@ -19,6 +19,7 @@ deleted: they carry the high-water marks that make reusing a worker ID safe.
 from __future__ import annotations
 
 import json
+import time
 from argparse import ArgumentParser
 from datetime import UTC, datetime
 from typing import Any
@@ -87,31 +88,17 @@ class Command(BaseCommand):
             self._reap(options.get("database"), dry_run=options["dry_run"])
 
     def _decode(self, raw_ids: list[str], *, as_json: bool) -> None:
+        """What ``snowflake-db parse`` prints (one formatter), with the SNOWFLAKE_DB layout."""
+        from ....cli.decoded import decode_ids, json_text, suspicions, table_lines
+
         layout = get_settings().layout
-        rows = []
-        for raw in raw_ids:
-            try:
-                decoded = layout.decode(int(raw.strip()))
-            except ValueError as error:  # includes SnowflakeError's InvalidIdError
-                raise CommandError(f"cannot decode {raw!r}: {error}") from None
-            rows.append(
-                {
-                    "id": str(decoded.id),
-                    "datetime": decoded.datetime.isoformat(timespec="milliseconds"),
-                    "timestamp_ms": decoded.timestamp_ms,
-                    "worker_id": decoded.worker_id,
-                    "sequence": decoded.sequence,
-                    "shard": decoded.shard,
-                }
-            )
-        if as_json:
-            self.stdout.write(json.dumps(rows if len(rows) > 1 else rows[0]))
-            return
-        for row in rows:
-            self.stdout.write(
-                f"{row['id']}  {row['datetime']}  worker={row['worker_id']}  "
-                f"sequence={row['sequence']}  shard={row['shard']}"
-            )
+        try:
+            rows = decode_ids(layout, raw_ids)
+        except ValueError as error:  # includes SnowflakeError's InvalidIdError
+            raise CommandError(f"cannot decode: {error}") from None
+        self.stdout.write(json_text(rows) if as_json else "\n".join(table_lines(rows)))
+        for warning in suspicions(layout, rows, time.time_ns() // 1_000_000):
+            self.stderr.write(f"warning: {warning} (see SNOWFLAKE_DB's LAYOUT and EPOCH)")
 
     def _allocator(self, alias: str | None) -> Any:
         try:
