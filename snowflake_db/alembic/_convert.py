@@ -22,10 +22,12 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.types import TypeEngine
 
 from ..errors import InvalidArgumentError, SnowflakeMigrationError
+from ._sqlite import sqlite_rebuild
 
 if TYPE_CHECKING:
     from alembic.operations import Operations
     from sqlalchemy.engine import Connection
+    from sqlalchemy.engine.reflection import Inspector
 
 __all__ = ["SnowflakeMigrationError", "convert_pk", "revert_pk"]
 
@@ -37,6 +39,7 @@ _INT32_MAX = 2**31 - 1
 @dataclass
 class _Reference:
     table: str
+    schema: str | None
     name: str | None
     column: str
     nullable: bool
@@ -84,30 +87,55 @@ def _inspect_target(bind: Connection, table: str, column: str, schema: str | Non
             "keys can become Snowflake BIGINT keys without rewriting every reference"
         )
     references: list[_Reference] = []
-    for other in inspector.get_table_names(schema=schema):
-        other_columns: dict[str, Any] | None = None
-        for fk in inspector.get_foreign_keys(other, schema=schema):
-            if fk["referred_table"] != table or column not in fk["referred_columns"]:
-                continue
-            if (fk.get("referred_schema") or schema) != schema:
-                continue
-            if other_columns is None:
-                other_columns = {c["name"]: c for c in inspector.get_columns(other, schema=schema)}
-            local = fk["constrained_columns"][fk["referred_columns"].index(column)]
-            spec = other_columns[local]
-            references.append(
-                _Reference(
-                    table=other,
-                    name=fk.get("name"),
-                    column=local,
-                    nullable=bool(spec["nullable"]),
-                    existing_type=spec["type"],
-                    existing_default=spec.get("default"),
-                    existing_comment=spec.get("comment"),
-                    fk=dict(fk),
+    default = inspector.default_schema_name
+    home = schema or default
+    for scanned in _schemas(bind, inspector, schema):
+        for other in inspector.get_table_names(schema=scanned):
+            other_columns: dict[str, Any] | None = None
+            for fk in inspector.get_foreign_keys(other, schema=scanned):
+                if fk["referred_table"] != table or column not in fk["referred_columns"]:
+                    continue
+                # None: the table visible without a schema name (the default schema)
+                if (fk.get("referred_schema") or default) != home:
+                    continue
+                if other_columns is None:
+                    other_columns = {
+                        c["name"]: c for c in inspector.get_columns(other, schema=scanned)
+                    }
+                local = fk["constrained_columns"][fk["referred_columns"].index(column)]
+                spec = other_columns[local]
+                references.append(
+                    _Reference(
+                        table=other,
+                        schema=scanned,
+                        name=fk.get("name"),
+                        column=local,
+                        nullable=bool(spec["nullable"]),
+                        existing_type=spec["type"],
+                        existing_default=spec.get("default"),
+                        existing_comment=spec.get("comment"),
+                        fk=dict(fk),
+                    )
                 )
-            )
     return _Target(table, column, schema, info, references)
+
+
+def _schemas(bind: Connection, inspector: Inspector, schema: str | None) -> list[str | None]:
+    """Where referencing tables may live: on PostgreSQL every user schema (a foreign key from
+    another schema would otherwise stay ``integer``, as PostgreSQL accepts an ``integer``
+    reference to a ``bigint`` key); elsewhere the key's own schema (MariaDB refuses to change a
+    key that another database references, so nothing is missed silently)."""
+    if bind.dialect.name != "postgresql":
+        return [schema]
+    default = inspector.default_schema_name
+    found: list[str | None] = [schema]
+    for name in inspector.get_schema_names():
+        if name == "information_schema" or name.startswith("pg_"):
+            continue
+        candidate = None if name == default else name
+        if candidate not in found:
+            found.append(candidate)
+    return found
 
 
 def _quoted(bind: Connection, table: str, schema: str | None) -> str:
@@ -123,7 +151,7 @@ def _drop_references(operations: Operations, target: _Target) -> None:
                 f"the foreign key {ref.table}.{ref.column} -> {target.table}.{target.column} has "
                 "no name, so it cannot be dropped and re-created; name it first"
             )
-        operations.drop_constraint(ref.name, ref.table, type_="foreignkey", schema=target.schema)
+        operations.drop_constraint(ref.name, ref.table, type_="foreignkey", schema=ref.schema)
 
 
 def _create_references(operations: Operations, target: _Target) -> None:
@@ -136,7 +164,7 @@ def _create_references(operations: Operations, target: _Target) -> None:
             target.table,
             ref.fk["constrained_columns"],
             ref.fk["referred_columns"],
-            source_schema=target.schema,
+            source_schema=ref.schema,
             referent_schema=target.schema,
             ondelete=options.get("ondelete"),
             onupdate=options.get("onupdate"),
@@ -157,7 +185,7 @@ def _alter_references(
             existing_nullable=ref.nullable,
             existing_server_default=_server_default(ref.existing_default),
             existing_comment=ref.existing_comment,
-            schema=target.schema,
+            schema=ref.schema,
         )
 
 
@@ -207,7 +235,7 @@ def convert_pk(
     target = _inspect_target(bind, table, column, schema)
     bigint = BigInteger()
     if dialect == "sqlite":
-        _sqlite_rebuild(operations, target, bigint, autoincrement=False)
+        sqlite_rebuild(operations, target, bigint, autoincrement=False)
         return
     _drop_references(operations, target)
     if dialect == "postgresql":
@@ -232,12 +260,14 @@ def _check_fits(bind: Connection, target: _Target, to: RevertType) -> None:
     if to != "integer" or bind.dialect.name == "sqlite":
         return  # SQLite's INTEGER holds 64 bits
     preparer = bind.dialect.identifier_preparer
-    columns = [(target.table, target.column)] + [(r.table, r.column) for r in target.references]
-    for table_name, column_name in columns:
+    columns = [(target.table, target.column, target.schema)] + [
+        (r.table, r.column, r.schema) for r in target.references
+    ]
+    for table_name, column_name, schema in columns:
         largest = bind.scalar(
             text(
                 f"SELECT max({preparer.quote(column_name)}) "
-                f"FROM {_quoted(bind, table_name, target.schema)}"
+                f"FROM {_quoted(bind, table_name, schema)}"
             )
         )
         if largest is not None and largest > _INT32_MAX:
@@ -266,7 +296,7 @@ def revert_pk(
     new_type: TypeEngine[Any] = Integer() if type_ == "integer" else BigInteger()
     dialect = bind.dialect.name
     if dialect == "sqlite":
-        _sqlite_rebuild(operations, target, Integer(), autoincrement=True)
+        sqlite_rebuild(operations, target, Integer(), autoincrement=True)
         return
     _drop_references(operations, target)
     if dialect == "postgresql":
@@ -301,34 +331,3 @@ def revert_pk(
         )
     _alter_references(operations, target, new_type)
     _create_references(operations, target)
-
-
-def _sqlite_rebuild(
-    operations: Operations, target: _Target, type_: TypeEngine[Any], *, autoincrement: bool
-) -> None:
-    # sqlite_autoincrement would render AUTOINCREMENT, which SQLite allows only on a rowid
-    # alias (INTEGER PRIMARY KEY): switch it off for the BIGINT table.
-    with operations.batch_alter_table(
-        target.table,
-        schema=target.schema,
-        recreate="always",
-        table_kwargs={"sqlite_autoincrement": False},
-    ) as batch:
-        batch.alter_column(
-            target.column,
-            type_=type_,
-            existing_type=target.info["type"],
-            existing_nullable=False,
-            autoincrement=autoincrement,
-        )
-    widened: TypeEngine[Any] = BigInteger() if not autoincrement else Integer()
-    for ref in target.references:
-        with operations.batch_alter_table(
-            ref.table, schema=target.schema, recreate="always"
-        ) as batch:
-            batch.alter_column(
-                ref.column,
-                type_=widened,
-                existing_type=ref.existing_type,
-                existing_nullable=ref.nullable,
-            )

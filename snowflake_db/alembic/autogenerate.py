@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from alembic.operations import ops
 from sqlalchemy import BigInteger, Integer, MetaData
+from sqlalchemy import inspect as sa_inspect
 
 from ..sqlalchemy.columns import is_snowflake_column
 from ..worker.schema import (
@@ -25,6 +26,7 @@ from .operations import ConvertToSnowflakePkOp, CreateSnowflakeWorkerLayoutTable
 if TYPE_CHECKING:
     from alembic.migration import MigrationContext
     from sqlalchemy import Column
+    from sqlalchemy.engine import Connection
 
 __all__ = ["include_object", "process_revision_directives"]
 
@@ -70,40 +72,73 @@ def _references(model: Column[Any] | None, converted: set[tuple[str | None, str,
     )
 
 
-def _rewrite(upgrade_ops: ops.UpgradeOps, metadata: MetaData | None) -> bool:
+def _constrained(
+    bind: Connection | None, model: Column[Any], converted: set[tuple[str | None, str, str]]
+) -> bool:
+    """Whether the database already has a foreign-key constraint from ``model`` to a converted
+    key: only then does ``convert_to_snowflake_pk`` see, and widen, the column. A reference
+    declared only in the models (its constraint is created later in the same revision) keeps
+    its own type change, else it would stay 32-bit (PostgreSQL) or fail (MariaDB)."""
+    if bind is None:
+        return True
+    table = model.table
+    for fk in sa_inspect(bind).get_foreign_keys(table.name, schema=table.schema):
+        pairs = zip(fk["constrained_columns"], fk["referred_columns"], strict=False)
+        for local, remote in pairs:
+            referred = (fk.get("referred_schema"), fk["referred_table"], remote)
+            if local == model.name and referred in converted:
+                return True
+    return False
+
+
+def _rewrite(
+    upgrade_ops: ops.UpgradeOps, metadata: MetaData | None, bind: Connection | None = None
+) -> bool:
     converted: set[tuple[str | None, str, str]] = set()
-    new_ops: list[ops.MigrateOperation] = []
+    conversions: list[ops.MigrateOperation] = []
     for table_ops in upgrade_ops.ops:
-        if isinstance(table_ops, ops.ModifyTableOps):
-            kept: list[ops.MigrateOperation] = []
-            for op in table_ops.ops:
-                if isinstance(op, ops.AlterColumnOp) and _is_conversion(
-                    op, _model_column(metadata, op.schema, op.table_name, op.column_name)
-                ):
-                    converted.add((op.schema, op.table_name, op.column_name))
-                    new_ops.append(
-                        ConvertToSnowflakePkOp(op.table_name, op.column_name, schema=op.schema)
-                    )
-                    op.modify_type = None
-                kept.append(op)
-            table_ops.ops = kept
-        new_ops.append(table_ops)
-    if not converted:
-        return False
-    # convert_to_snowflake_pk widens the referencing columns itself
-    for table_ops in new_ops:
         if not isinstance(table_ops, ops.ModifyTableOps):
             continue
         for op in table_ops.ops:
-            if isinstance(op, ops.AlterColumnOp) and _references(
-                _model_column(metadata, op.schema, op.table_name, op.column_name), converted
-            ) and isinstance(op.modify_type, BigInteger):
-                op.modify_type = None
+            if isinstance(op, ops.AlterColumnOp) and _is_conversion(
+                op, _model_column(metadata, op.schema, op.table_name, op.column_name)
+            ):
+                converted.add((op.schema, op.table_name, op.column_name))
+                conversions.append(
+                    ConvertToSnowflakePkOp(op.table_name, op.column_name, schema=op.schema)
+                )
+                _widened(op)
+    if not converted:
+        return False
+    # convert_to_snowflake_pk widens the columns whose constraints reference the key itself
+    for table_ops in upgrade_ops.ops:
+        if not isinstance(table_ops, ops.ModifyTableOps):
+            continue
+        for op in table_ops.ops:
+            if not isinstance(op, ops.AlterColumnOp):
+                continue
+            model = _model_column(metadata, op.schema, op.table_name, op.column_name)
+            if (
+                model is not None
+                and _references(model, converted)
+                and isinstance(op.modify_type, BigInteger)
+                and _constrained(bind, model, converted)
+            ):
+                _widened(op)
         table_ops.ops = [op for op in table_ops.ops if not _is_noop(op)]
-    upgrade_ops.ops = [
-        op for op in new_ops if not (isinstance(op, ops.ModifyTableOps) and not op.ops)
+    # Conversions first: a foreign key this revision adds to a converted key then meets BIGINT
+    # on both sides (MariaDB refuses a BIGINT column referencing an INT key).
+    upgrade_ops.ops = conversions + [
+        op for op in upgrade_ops.ops if not (isinstance(op, ops.ModifyTableOps) and not op.ops)
     ]
     return True
+
+
+def _widened(op: ops.AlterColumnOp) -> None:
+    """The conversion made the column ``BIGINT``: any other change to it must say so (a
+    MariaDB ``MODIFY`` restating ``INTEGER`` would narrow it again)."""
+    op.modify_type = None
+    op.existing_type = BigInteger()
 
 
 def _is_noop(op: ops.MigrateOperation) -> bool:
@@ -148,6 +183,6 @@ def process_revision_directives(
         for upgrade_ops, downgrade_ops in zip(
             script.upgrade_ops_list, script.downgrade_ops_list, strict=False
         ):
-            converted = _rewrite(upgrade_ops, metadata)
+            converted = _rewrite(upgrade_ops, metadata, context.bind)
             if _rewrite_layout_tables(upgrade_ops) or converted:
                 upgrade_ops.reverse_into(downgrade_ops)

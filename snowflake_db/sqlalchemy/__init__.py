@@ -10,6 +10,7 @@ set the keys of new objects at flush so that it can send their INSERTs as one ex
 """
 
 from ..process import snowflake_default
+from .checks import NarrowColumn, narrow_snowflake_columns, require_wide_snowflake_columns
 from .columns import (
     SNOWFLAKE_INFO_KEY,
     is_snowflake_column,
@@ -27,14 +28,19 @@ from .generators import (
     snowflake_id_default,
     unbind_generator,
 )
+from .urls import engine_url
 
 __all__ = [
     "SNOWFLAKE_INFO_KEY",
+    "NarrowColumn",
     "SnowflakeDefault",
     "assign_ids_on_init",
     "bind_generator",
+    "engine_url",
     "generator_for",
     "is_snowflake_column",
+    "narrow_snowflake_columns",
+    "require_wide_snowflake_columns",
     "snowflake_column",
     "snowflake_default",
     "snowflake_fk_column",
