@@ -13,6 +13,14 @@ The lock-free ``next_id`` cannot ask the kernel for the process ID per ID (a sys
 ``MADV_WIPEONFORK`` (Linux 4.14+, see madvise(2)), which the kernel zeroes in every child,
 hooks or not, and the reset sets again. Where that is not available the byte is plain memory:
 a fork without the hooks is then noticed at the child's next tick.
+
+A child forked without the hooks also inherits the interpreter's GIL in whatever state the
+parent's other threads left it: a thread that was waiting for it at the fork leaves a waiter
+that will never wake, and the first thread the child starts can deadlock with the main one on
+that condition variable, or the child's first I/O can block for ever. So the first call in
+such a child runs CPython's own after-fork repair when it is safe (:mod:`.fork_repair`: one OS
+thread), which runs the fork hooks too; where it is not, the process never starts a thread of
+ours (:func:`threads_allowed`) and its leases are renewed by their callers instead.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from . import fork_repair
 from .errors import SnowflakeError
 
 #: madvise(2) advice number on Linux, for Pythons whose ``mmap`` module lacks the name.
@@ -55,6 +64,8 @@ def _byte_wiped_on_fork() -> tuple[memoryview, bool]:
 ready, WIPED_ON_FORK = _byte_wiped_on_fork()
 
 _pid = os.getpid()
+#: Whether this process's after-fork reset ran from a first call rather than from the fork hook.
+_forked_without_hooks = False
 _resets: list[Callable[[int], None]] = []
 #: The reset under way in this process, for threads of a hook-less child that arrive meanwhile.
 _running: dict[int, threading.Event] = {}
@@ -70,20 +81,27 @@ def on_fork(reset: Callable[[int], None]) -> None:
         _resets.append(reset)
 
 
+def threads_allowed() -> bool:
+    """Whether this process may start threads: False in a child forked without Python's fork
+    hooks (its GIL may be inherited mid-handoff; see the module docstring)."""
+    reset_if_forked()
+    return not _forked_without_hooks
+
+
 def reset_if_forked() -> None:
     """Run this process's after-fork reset now if a fork skipped Python's hooks; call it before
     taking any lock copied from the parent. Cheap: one byte read where the kernel wipes it,
     else one system call."""
     if WIPED_ON_FORK and ready[0]:
         return  # the kernel clears the byte in every child: this process's reset has run
-    if os.getpid() != _pid:
-        _reset()
+    if os.getpid() != _pid and not fork_repair.repair():  # repaired: the hook has just run
+        _reset(hooks=False)
 
 
-def _reset() -> None:
+def _reset(*, hooks: bool = True) -> None:
     """Run every registered reset once in this process (the fork hook, or the first thread of a
     hook-less child to get here; the others wait for it), then mark the process ready."""
-    global _pid  # noqa: PLW0603
+    global _pid, _forked_without_hooks  # noqa: PLW0603
     pid = os.getpid()
     if pid == _pid:
         return
@@ -96,6 +114,7 @@ def _reset() -> None:
                 f"within {_WAIT_FOR_RESET_S:g} s; no ID is issued from state copied from pid {_pid}"
             )
         return
+    _forked_without_hooks = not hooks  # before the resets: they may start no thread
     errors: list[Exception] = []
     try:
         for reset in list(_resets):

@@ -340,6 +340,7 @@ class MetricsRecorder:
         """A recorder counted in the process's :func:`snapshot` for as long as the process
         lives: when ``owner`` is garbage-collected its totals stay in the process's."""
         recorder = cls(layout)
+        _registry.settle()
         with _registry.lock:
             _registry.live.add(recorder)
         weakref.finalize(owner, _registry.retire, recorder).atexit = False
@@ -481,20 +482,34 @@ class _Registry:
         self.lock = threading.Lock()
         self.live: set[MetricsRecorder] = set()
         self.retired = _Totals()
+        # Recorders whose owners were collected, moved to `retired` by the next reader.
+        self.gone: deque[MetricsRecorder] = deque()
 
     def retire(self, recorder: MetricsRecorder) -> None:
-        totals = recorder.totals()
-        totals.fenced_generators = 0  # its owner is gone
-        with self.lock:
-            if recorder in self.live:
-                self.live.discard(recorder)
-                self.retired.add(totals)
+        """The owner's finalizer: it only queues the recorder. A garbage collection can run a
+        finalizer in any thread at any allocation, also while that thread holds ``lock`` (or
+        the recorder's own lock), so taking a lock here could wait for ever on itself."""
+        self.gone.append(recorder)  # deque.append is atomic
+
+    def settle(self) -> None:
+        """Move the recorders of collected owners into ``retired``; never called holding a lock."""
+        while self.gone:
+            try:
+                recorder = self.gone.popleft()
+            except IndexError:
+                return  # another thread settled it
+            totals = recorder.totals()
+            totals.fenced_generators = 0  # its owner is gone
+            with self.lock:
+                if recorder in self.live:
+                    self.live.discard(recorder)
+                    self.retired.add(totals)
 
     def after_fork_in_child(self, parent_pid: int) -> None:
         """The child counts from zero; its live recorders (the parent's objects) stay listed."""
-        live = self.live
+        live, gone = self.live, self.gone
         self._restart()
-        self.live = live
+        self.live, self.gone = live, gone
         for recorder in live:
             recorder._restart()
 
@@ -510,6 +525,7 @@ def snapshot(*, with_slots: bool = False) -> MetricsSnapshot:
     process-wide generator (``snowflake_db.configure``), one query, if it leases from one.
     """
     forks.reset_if_forked()
+    _registry.settle()
     with _registry.lock:
         recorders = list(_registry.live)
         totals = dataclasses.replace(_registry.retired)

@@ -72,9 +72,9 @@ def _settle_threads(lease: TableLease | None = None) -> None:
     heartbeat renewed ``lease``, or once a new heartbeat has gone to sleep.
 
     A thread waiting for the GIL at the moment of a hook-less fork leaves the child's GIL state
-    inconsistent, and the child can hang as soon as it starts a thread of its own. Python's fork
-    hooks repair that; without them it is a hazard of such forks whatever the library does (the
-    uWSGI deadlock reports, https://github.com/unbit/uwsgi/issues/1369), so tests avoid it.
+    inconsistent (the uWSGI deadlock reports, https://github.com/unbit/uwsgi/issues/1369). The
+    child's first call repairs it (snowflake_db.fork_repair; tests/test_fork_busy_heartbeat.py
+    forks beside a busy heartbeat on purpose); these tests avoid it, to test one thing each.
     """
     if lease is not None:
         renewals, deadline = lease.renewals, time.monotonic() + 10

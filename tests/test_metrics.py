@@ -376,3 +376,25 @@ def test_metrics_snapshot_is_frozen() -> None:
     figures = MetricsSnapshot(pid=1)
     with pytest.raises(AttributeError):
         figures.ids_issued = 5  # type: ignore[misc]
+
+
+def test_a_generator_collected_while_its_thread_holds_the_registry_lock_does_not_hang() -> None:
+    """The collector runs finalizers in whatever thread allocates, also inside snapshot()'s
+    locked section: retiring a collected generator must not wait for that lock (a make test
+    hung there for good, in snapshot -> finalize -> retire)."""
+    before = metrics.snapshot().ids_issued
+
+    def collect_while_locked() -> None:
+        generator = SnowflakeGenerator(1)
+        generator.next_ids(5)
+        cycle: list[object] = [generator]
+        cycle.append(cycle)  # only the collector frees it
+        del generator, cycle
+        with metrics._registry.lock:
+            gc.collect()
+
+    worker = threading.Thread(target=collect_while_locked, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), "retiring the recorder waited on a lock its own thread held"
+    assert metrics.snapshot().ids_issued == before + 5  # its IDs stay counted

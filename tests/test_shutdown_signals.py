@@ -16,6 +16,9 @@ from .worker_support import read_slots
 
 _CHILD = """
 import signal, sys, time
+# As a foreground process starts: a shell running `make test &` starts its commands with SIGINT
+# ignored, which install_signal_handlers() rightly leaves ignored.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
 import snowflake_db
 from snowflake_db.worker import TableWorkerAllocator
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from snowflake_db import InvalidArgumentError, Layout, MonotonicClock
-from snowflake_db.worker import MAX_LEASE_SECONDS, TableWorkerAllocator
+from snowflake_db.worker import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS, TableWorkerAllocator
 from snowflake_db.worker.connection import safe_url_text
 
 from .plugins.databases import ScratchDatabase
@@ -89,6 +89,29 @@ def test_lease_seconds_above_the_maximum_is_refused(
     with pytest.raises(InvalidArgumentError, match=r"exceeds the maximum 86400 s") as caught:
         TableWorkerAllocator(sqlite_db.url_string, lease_seconds=seconds)
     assert f"lease_seconds={seconds}" in str(caught.value)
+
+
+@pytest.mark.parametrize("seconds", [0.0004, 0.099])
+def test_lease_seconds_below_the_minimum_is_refused_naming_it(
+    sqlite_db: ScratchDatabase, seconds: float
+) -> None:
+    """The argument passed is named with its own limit, never the value derived from it
+    (lease_seconds=0.0004 used to be refused as reserve_ahead_ms=0)."""
+    with pytest.raises(InvalidArgumentError) as caught:
+        TableWorkerAllocator(sqlite_db.url_string, lease_seconds=seconds)
+    message = str(caught.value)
+    assert message.startswith(f"lease_seconds={seconds} is below the minimum 0.1 s"), message
+    assert "reserve_ahead_ms" not in message
+
+
+def test_the_shortest_lease_is_accepted(sqlite_db: ScratchDatabase) -> None:
+    with TableWorkerAllocator(sqlite_db.url_string, lease_seconds=MIN_LEASE_SECONDS) as alloc:
+        assert alloc.reserve_ahead_ms == 100 and alloc.renew_every == pytest.approx(0.1 / 3)
+
+
+def test_reserve_ahead_below_the_minimum_is_refused_naming_it(sqlite_db: ScratchDatabase) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"^reserve_ahead_ms=0 is below the minimum 1"):
+        TableWorkerAllocator(sqlite_db.url_string, reserve_ahead_ms=0)
 
 
 def test_the_longest_lease_is_accepted_and_stored(sqlite_db: ScratchDatabase) -> None:

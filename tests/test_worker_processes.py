@@ -53,6 +53,7 @@ def _acquire_at_once(url: str, barrier: Any, results: Any, finish: Any) -> None:
     finish.wait(timeout=180)
 
 
+@pytest.mark.timing  # see tests/conftest.py
 @pytest.mark.slow
 def test_64_processes_acquiring_at_once_get_distinct_committed_slots(
     any_db: ScratchDatabase,
@@ -130,6 +131,7 @@ def test_sigkilled_holder_frees_its_slot_only_after_expiry(any_db: ScratchDataba
         assert gen.next_id() > first_id
 
 
+@pytest.mark.timing  # see tests/conftest.py
 def test_sigstopped_holder_stops_issuing_and_ids_stay_disjoint(any_db: ScratchDatabase) -> None:
     lease_seconds = 1.5
     ready, log, stop = FORK.Queue(), FORK.Queue(), FORK.Event()
@@ -190,6 +192,7 @@ def _forked_worker(out: Path) -> None:
         out.write_text(json.dumps({"error": traceback.format_exc()}))
 
 
+@pytest.mark.timing  # see tests/conftest.py
 def test_fork_after_use_gives_each_child_its_own_slot(
     any_db: ScratchDatabase, tmp_path: Path
 ) -> None:
@@ -269,6 +272,7 @@ def _load_child(out: str, seconds: float, per_thread_cap: int) -> None:
         Path(out + ".json").write_text(json.dumps({"error": traceback.format_exc()}))
 
 
+@pytest.mark.timing  # see tests/conftest.py
 @pytest.mark.slow
 def test_load_8_processes_x_2_threads_with_renewing_leases(
     any_db: ScratchDatabase, tmp_path: Path

@@ -143,6 +143,7 @@ def test_callers_keep_the_lease_when_the_heartbeat_thread_is_stopped(
         gen.close()
 
 
+@pytest.mark.timing  # 1.5 s leases: beside a second make test its callers fenced (see conftest)
 def test_callers_keep_the_lease_while_the_heartbeat_is_starved(any_db: ScratchDatabase) -> None:
     """The heartbeat thread is alive but cannot run: another thread holds the lock it waits on
     (as a thread starved of the CPU or the GIL would be late); callers renew meanwhile, and the
@@ -220,6 +221,7 @@ def test_one_renewal_at_a_time_however_many_callers(postgres_db: ScratchDatabase
 # -- the database does not answer --------------------------------------------------------------
 
 
+@pytest.mark.timing  # see tests/conftest.py
 def test_callers_fence_before_the_deadline_and_recover_when_the_database_is_unreachable(
     any_db: ScratchDatabase,
 ) -> None:
@@ -251,8 +253,8 @@ def test_callers_fence_before_the_deadline_and_recover_when_the_database_is_unre
         assert cut_at < min(fenced) < restored_at
         assert {error for error, _ in callers.errors} == {LeaseExpiredError}
         # Waiting for a renewal never held a caller long (SQLite's renewal hangs on the
-        # file lock for its 30 s busy timeout; PostgreSQL's and MariaDB's fail at once).
-        assert callers.slowest_call < alloc._caller_wait + 1.0
+        # file lock for its busy timeout, 5 s; PostgreSQL's and MariaDB's fail at once).
+        assert callers.slowest_call < alloc._renew_for_caller.wait_seconds + 1.0
         _assert_unique_and_increasing_per_thread(callers)
         assert gen.lease is lease and not lease.lost
     finally:
@@ -314,7 +316,7 @@ def test_a_hanging_renewal_holds_callers_only_briefly(any_db: ScratchDatabase) -
         local_deadline = locked_at + alloc.lease_seconds - alloc.safety_margin
         assert callers.issued_between(local_deadline, unlocked_at) == 0
         assert callers.issued_between(locked_at, locked_at + 0.3) > 0  # valid: kept issuing
-        assert callers.slowest_call < alloc._caller_wait + 1.0
+        assert callers.slowest_call < alloc._renew_for_caller.wait_seconds + 1.0
         assert {error for error, _ in callers.errors} == {LeaseExpiredError}
         _assert_unique_and_increasing_per_thread(callers)
         assert gen.lease is lease and not lease.lost
@@ -348,6 +350,7 @@ def _process_without_heartbeat(url: str, seconds: float, out: str) -> None:
     Path(out + ".json").write_text(json.dumps(report))
 
 
+@pytest.mark.timing  # see tests/conftest.py
 @pytest.mark.slow
 def test_processes_without_heartbeats_issue_without_fencing(
     any_db: ScratchDatabase, tmp_path: Path

@@ -19,12 +19,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
         name=error.name,
     ) from error
 
-from .allocator import (
-    DEFAULT_LEASE_SECONDS,
-    DEFAULT_MAX_FLOOR_WAIT_MS,
-    MAX_LEASE_SECONDS,
-    TableWorkerAllocator,
-)
+from .allocator import DEFAULT_MAX_FLOOR_WAIT_MS, TableWorkerAllocator
 from .lease import TableLease
 from .schema import (
     DEFAULT_REGISTRATIONS_TABLE,
@@ -33,6 +28,7 @@ from .schema import (
     worker_tables,
 )
 from .store import SlotRow
+from .timing import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
@@ -40,6 +36,7 @@ __all__ = [
     "DEFAULT_REGISTRATIONS_TABLE",
     "DEFAULT_SLOTS_TABLE",
     "MAX_LEASE_SECONDS",
+    "MIN_LEASE_SECONDS",
     "SlotRow",
     "TableLease",
     "TableWorkerAllocator",

@@ -31,7 +31,8 @@ from ..errors import (
 )
 from ..layout import DEFAULT_LAYOUT, Layout, require_layout
 from ..metrics import MetricsRecorder, SlotCounts
-from . import claims, clock_skew, forking
+from . import claims, clock_skew, forking, timeouts
+from .caller_renewal import CallerRenewal
 from .connection import (
     check_supported,
     safe_url_text,
@@ -42,14 +43,11 @@ from .layouts import RecordedLayout, recorded_layout
 from .lease import ABANDONED, HELD, LOST, RELEASED, Heartbeat, TableLease
 from .schema import DEFAULT_REGISTRATIONS_TABLE, DEFAULT_SLOTS_TABLE, NAME_LENGTH
 from .store import SlotRow, WorkerStore
+from .timing import DEFAULT_LEASE_SECONDS, lease_timing
 
 logger = logging.getLogger("snowflake_db.worker")
 _T = TypeVar("_T")
 
-#: Default lease length: a crashed holder's worker ID is reusable this long after its last renewal.
-DEFAULT_LEASE_SECONDS = 30.0
-#: Longest lease (and ``reserve_ahead_ms``) accepted: a crashed holder parks its slot this long.
-MAX_LEASE_SECONDS = 86_400.0
 #: Default bound on waiting for a previous holder's high-water mark to pass (else: another slot).
 DEFAULT_MAX_FLOOR_WAIT_MS = 1000
 #: Longest a caller waits for a renewal it asked for (or found running) before going on.
@@ -69,7 +67,8 @@ class TableWorkerAllocator:
     until ``safety_margin`` seconds (default a fifth) before the lease would expire, measured from
     the start of the last successful renewal on this process's monotonic clock. Each renewal
     stores a high-water mark ``reserve_ahead_ms`` (default the lease length) ahead of the clock.
-    Both are at most :data:`MAX_LEASE_SECONDS` (one day).
+    Both are at most :data:`~.timing.MAX_LEASE_SECONDS` (one day). Every statement on the control
+    database is bounded by a third of the lease, 1 to 10 s (:mod:`.timeouts`).
 
     Clocks: at every acquisition and renewal the clock given to ``acquire`` is compared with
     the database clock (:mod:`snowflake_db.worker.clock_skew`). Beyond ``clock_skew_warning_ms``
@@ -103,34 +102,14 @@ class TableWorkerAllocator:
     ) -> None:
         self.url = to_url(url_or_engine)
         check_supported(self.url)
-        self.lease_seconds = require_seconds("lease_seconds", lease_seconds, positive=True)
-        if self.lease_seconds > MAX_LEASE_SECONDS:
-            raise InvalidArgumentError(
-                f"lease_seconds={lease_seconds} exceeds the maximum {MAX_LEASE_SECONDS:g} s "
-                "(one day): a crashed holder would park its worker ID that long"
-            )
-        self.renew_every = require_seconds(
-            "renew_every",
-            renew_every if renew_every is not None else self.lease_seconds / 3,
-            positive=True,
+        timing = lease_timing(
+            lease_seconds=lease_seconds,
+            renew_every=renew_every,
+            safety_margin=safety_margin,
+            reserve_ahead_ms=reserve_ahead_ms,
         )
-        self.safety_margin = require_seconds(
-            "safety_margin",
-            safety_margin if safety_margin is not None else self.lease_seconds / 5,
-        )
-        if self.renew_every >= self.lease_seconds - self.safety_margin:
-            raise InvalidArgumentError(
-                f"renew_every={self.renew_every} s must be shorter than lease_seconds - "
-                f"safety_margin = {self.lease_seconds - self.safety_margin} s, or every lease "
-                "would pass its local deadline before its first renewal"
-            )
-        self.reserve_ahead_ms = require_int(
-            "reserve_ahead_ms",
-            reserve_ahead_ms if reserve_ahead_ms is not None else round(lease_seconds * 1000),
-            minimum=1,
-            maximum=round(MAX_LEASE_SECONDS * 1000),
-            limit_note="one day: the next holder of the slot would wait that long",
-        )
+        self.lease_seconds, self.renew_every = timing.lease_seconds, timing.renew_every
+        self.safety_margin, self.reserve_ahead_ms = timing.safety_margin, timing.reserve_ahead_ms
         self.max_floor_wait_ms = require_int("max_floor_wait_ms", max_floor_wait_ms, minimum=0)
         self.clock_skew = clock_skew.SkewPolicy(
             warning_ms=clock_skew_warning_ms, max_ms=max_clock_skew_ms
@@ -143,7 +122,7 @@ class TableWorkerAllocator:
             self.url,
             self.store,
             create_tables=bool(create_tables),
-            timeout_seconds=min(10.0, max(1.0, self.lease_seconds / 3)),
+            timeout_seconds=timeouts.statement_seconds(self.lease_seconds),
             engine_options=engine_options,
         )
         self._engine = self._control.engine
@@ -159,7 +138,9 @@ class TableWorkerAllocator:
         # its renewal time and the local deadline late, and waits for that renewal at most a
         # quarter of the heartbeat's period (never the whole remaining lease).
         self._caller_grace = (self.lease_seconds - self.safety_margin - self.renew_every) / 4
-        self._caller_wait = min(self.renew_every / 4, MAX_CALLER_WAIT_SECONDS)
+        self._renew_for_caller = CallerRenewal(
+            self._renew, wait_seconds=min(self.renew_every / 4, MAX_CALLER_WAIT_SECONDS)
+        )
         self._where = f"{self.store.tables.slots.name} at {safe_url_text(self.url)}"
         #: Lease figures for snowflake_db.metrics (acquisitions, renewals and their latency).
         self.metrics_recorder = MetricsRecorder.register(self)
@@ -398,7 +379,8 @@ class TableWorkerAllocator:
             release=self._release,
             abandon=self._abandon,
             renew_for_caller=self._renew_for_caller,
-            caller_grace=self._caller_grace,
+            # No heartbeat in a child forked without hooks: its callers renew on schedule.
+            caller_grace=0.0 if self._heartbeat.threadless else self._caller_grace,
         )
 
     def _reserve(
@@ -469,54 +451,6 @@ class TableWorkerAllocator:
             "snowflake_db: the lease on worker %d was lost; a new worker ID will be leased",
             lease.worker_id,
         )
-
-    def _renew_for_caller(self, lease: TableLease) -> None:
-        """A caller found the lease due and the heartbeat late: renew it now and wait, bounded.
-
-        The renewal runs on a short-lived thread on the allocator's engine (never in the
-        caller's transaction), so no driver can hold the caller longer than ``_caller_wait``;
-        it keeps running after the wait and updates the lease if it succeeds. Only one renewal
-        runs per lease: a caller that finds one running (the heartbeat's) waits for that one.
-        The caller blocks the generator meanwhile, which also hands its CPU share and the GIL
-        to the renewal. After a wait that timed out, callers leave the lease to the running
-        renewal and the heartbeat for a while (no renewal storm against a database that hangs).
-        """
-        if lease.state != HELD or lease.pid != os.getpid():
-            return
-        lease.caller_waits += 1
-        turn = lease.start_renewal()
-        if turn is None:
-            running = lease.renewal_in_flight()
-            if running is None:  # it has just finished
-                return
-            done = running.wait(self._caller_wait)
-        else:
-            thread = threading.Thread(
-                target=self._renew_in_background,
-                args=(lease, turn),
-                name="snowflake_db-renewal",
-                daemon=True,
-            )
-            try:
-                thread.start()
-            except RuntimeError:  # no new threads (interpreter shutting down): give the turn back
-                lease.finish_renewal(turn)
-                raise
-            done = turn.wait(self._caller_wait)
-        if not done:
-            lease.caller_not_before = time.monotonic() + self._caller_wait
-
-    def _renew_in_background(self, lease: TableLease, turn: threading.Event) -> None:
-        renewals = lease.renewals
-        try:
-            self._renew(lease)
-            if lease.renewals > renewals:
-                lease.caller_renewals += 1
-        except Exception:  # a thread of ours must not die with a traceback on stderr
-            logger.exception("snowflake_db: renewing %r for a caller failed unexpectedly", lease)
-            lease.next_renewal_at = time.monotonic() + 1.0
-        finally:
-            lease.finish_renewal(turn)
 
     def _release(self, lease: TableLease) -> None:
         with lease.lock:

@@ -4,7 +4,8 @@ Each allocator opens one small private engine on the control database's URL, use
 heartbeat thread and for acquiring and releasing, so a caller's transaction (or rollback) can
 never include a lease statement and a busy application pool can never starve a renewal. It keeps
 one idle connection (a prefork server with N workers holds N), checked with a pre-ping. Driver
-timeouts keep a hung network from blocking a renewal forever (the generator fences meanwhile).
+and server-side timeouts bound every statement (:mod:`.timeouts`): a hung database or a held
+lock costs an error within seconds, never a caller or a renewal blocked indefinitely.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError
-from . import sqlite_fork_gate
+from . import sqlite_fork_gate, timeouts
 from .retry import retry
 
 #: The URL forms accepted, for messages.
@@ -165,17 +166,16 @@ def make_engine(
     ``connect_args`` are merged over the defaults here.
     """
     backend = url.get_backend_name()
-    driver = url.get_driver_name()
-    query = url.query
-    timeout = max(1, round(timeout_seconds))
-    connect_args: dict[str, Any] = {}
+    # Connects, lock waits and statements are bounded (timeouts.py); the URL's own settings win.
+    connect_args = timeouts.connect_args(url, timeout_seconds)
     # Disconnects (a killed backend, a restarted server) are detected on checkout.
     # https://docs.sqlalchemy.org/en/20/core/pooling.html#disconnect-handling-pessimistic
     options: dict[str, Any] = {"pool_pre_ping": True, "pool_size": 1, "max_overflow": 2}
     if backend == "postgresql":
-        if "connect_timeout" not in query:
-            connect_args["connect_timeout"] = timeout
-        if "application_name" not in query and driver in ("psycopg", "psycopg2"):
+        if "application_name" not in url.query and url.get_driver_name() in (
+            "psycopg",
+            "psycopg2",
+        ):
             connect_args["application_name"] = APPLICATION_NAME
     elif backend in ("mysql", "mariadb"):
         # READ COMMITTED: InnoDB then takes no gap locks, which deadlock concurrent claims of
@@ -183,17 +183,11 @@ def make_engine(
         # re-reads the latest committed row under its row lock.
         # https://mariadb.com/kb/en/innodb-lock-modes/ (gap locks)
         options["isolation_level"] = "READ COMMITTED"
-        if driver == "pymysql":
-            for name in ("connect_timeout", "read_timeout", "write_timeout"):
-                if name not in query:
-                    connect_args[name] = timeout
-    elif backend == "sqlite" and "timeout" not in query:
-        # sqlite3's busy timeout: how long a statement waits for another process's lock.
-        connect_args["timeout"] = max(30.0, timeout_seconds)
     extra = dict(engine_options or {})
     connect_args.update(extra.pop("connect_args", {}) or {})
     options.update(extra)
     engine = create_engine(url, connect_args=connect_args, **options)
+    timeouts.bound_sessions(engine, timeout_seconds)
     if backend == "sqlite":
         _serialise_sqlite_writes(engine)
         sqlite_fork_gate.gate_engine(engine)  # a fork never copies SQLite mid-call

@@ -20,6 +20,7 @@ from ..errors import AllocatorUnavailableError
 from .connection import make_engine, safe_url_text
 from .retry import jitter, retry
 from .store import WorkerStore
+from .timeouts import is_timeout
 
 _T = TypeVar("_T")
 
@@ -66,8 +67,8 @@ class ControlDatabase:
             try:
                 result = work(connection)
             except DBAPIError as error:
-                if error.connection_invalidated:
-                    raise
+                if error.connection_invalidated or is_timeout(error):
+                    raise  # the database did not answer: no second wait for it
                 if connection.in_transaction():
                     connection.rollback()
                 with connection.begin():

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .. import forks
 from ..clock import MonotonicClock
 
 if TYPE_CHECKING:
@@ -254,9 +255,17 @@ class Heartbeat:
         with self._condition:
             return list(self._leases)
 
+    @property
+    def threadless(self) -> bool:
+        """No heartbeat thread in this process (forked without hooks): callers renew."""
+        return not forks.threads_allowed()
+
     def add(self, lease: TableLease) -> None:
+        threadless = self.threadless
         with self._condition:
             self._leases.append(lease)
+            if threadless:
+                return  # the lease's callers renew it (renew_if_due), on their own thread
             if self._thread is None or not self._thread.is_alive():
                 self._stopping = False
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)

@@ -17,9 +17,10 @@ from sqlalchemy.exc import DBAPIError
 _T = TypeVar("_T")
 
 #: Driver error codes of a transaction the server aborted to break a lock conflict: retry it.
-#: MySQL/MariaDB 1213 deadlock, 1205 lock wait timeout; SQLSTATE 40001 serialization failure,
-#: 40P01 deadlock (PostgreSQL).
-_CONFLICT_CODES = {1213, 1205}
+#: MySQL/MariaDB 1213 deadlock; SQLSTATE 40001 serialization failure, 40P01 deadlock
+#: (PostgreSQL). Never a lock wait timeout (1205): that is the allocator's bound on a database
+#: that does not answer (timeouts.py), and retrying it would multiply the bound.
+_CONFLICT_CODES = {1213}
 _CONFLICT_SQLSTATES = {"40001", "40P01"}
 #: Whole-transaction attempts when the server keeps aborting it over lock conflicts.
 CONFLICT_ATTEMPTS = 5

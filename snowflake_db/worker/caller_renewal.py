@@ -1,0 +1,73 @@
+"""Renewing a lease on its caller's behalf: when the heartbeat thread is late, or when this
+process runs none (a child forked without Python's fork hooks, see :mod:`snowflake_db.forks`).
+
+With a heartbeat, the renewal runs on a short-lived thread on the allocator's engine (never in
+the caller's transaction), so no driver can hold the caller longer than ``wait_seconds``; it
+keeps running after the wait and updates the lease if it succeeds. Only one renewal runs per
+lease: a caller that finds one running (the heartbeat's) waits for that one. The caller blocks
+the generator meanwhile, which also hands its CPU share and the GIL to the renewal. After a wait
+that timed out, callers leave the lease to the running renewal and the heartbeat for a while
+(no renewal storm against a database that hangs).
+
+Without threads the caller renews inline: the allocator's statement timeouts
+(:mod:`snowflake_db.worker.timeouts`) bound how long a database that does not answer holds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from .. import forks
+from .lease import HELD, TableLease
+
+logger = logging.getLogger("snowflake_db.worker")
+
+
+class CallerRenewal:
+    """``lease.renew_if_due`` found the lease due: renew it now and wait, bounded."""
+
+    def __init__(self, renew: Callable[[TableLease], None], *, wait_seconds: float) -> None:
+        self._renew = renew
+        self.wait_seconds = wait_seconds
+
+    def __call__(self, lease: TableLease) -> None:
+        if lease.state != HELD or lease.pid != os.getpid():
+            return
+        lease.caller_waits += 1
+        turn = lease.start_renewal()
+        if turn is None:
+            running = lease.renewal_in_flight()
+            if running is None:  # it has just finished
+                return
+            done = running.wait(self.wait_seconds)
+        elif not forks.threads_allowed():
+            self._run(lease, turn)  # no thread may start here: renew on the caller's own
+            return
+        else:
+            thread = threading.Thread(
+                target=self._run, args=(lease, turn), name="snowflake_db-renewal", daemon=True
+            )
+            try:
+                thread.start()
+            except RuntimeError:  # no new threads (interpreter shutting down): give the turn back
+                lease.finish_renewal(turn)
+                raise
+            done = turn.wait(self.wait_seconds)
+        if not done:
+            lease.caller_not_before = time.monotonic() + self.wait_seconds
+
+    def _run(self, lease: TableLease, turn: threading.Event) -> None:
+        renewals = lease.renewals
+        try:
+            self._renew(lease)
+            if lease.renewals > renewals:
+                lease.caller_renewals += 1
+        except Exception:  # a thread of ours must not die with a traceback on stderr
+            logger.exception("snowflake_db: renewing %r for a caller failed unexpectedly", lease)
+            lease.next_renewal_at = time.monotonic() + 1.0
+        finally:
+            lease.finish_renewal(turn)

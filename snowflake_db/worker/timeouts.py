@@ -1,0 +1,138 @@
+"""How long one statement of the allocator may wait for the control database, on each backend.
+
+A database that does not answer must cost an :class:`~snowflake_db.AllocatorUnavailableError`
+within seconds, as a database that is down does, never a caller blocked for as long as someone
+holds a lock on the slots table. Every connection of an allocator's engine gets the same bound
+``seconds`` (:func:`statement_seconds`):
+
+* PostgreSQL: ``statement_timeout`` and ``lock_timeout`` for the session, ``connect_timeout``,
+  and ``tcp_user_timeout`` (a host that vanished with a request unanswered).
+  https://www.postgresql.org/docs/current/runtime-config-client.html
+* MariaDB / MySQL: ``lock_wait_timeout`` (table locks) and ``innodb_lock_wait_timeout`` (row
+  locks), ``max_statement_time`` (MariaDB) or ``max_execution_time`` (MySQL); PyMySQL's
+  ``connect_timeout``, and ``read_timeout`` / ``write_timeout`` one second longer, for a server
+  that stops answering at all. https://mariadb.com/kb/en/server-system-variables/
+* SQLite: the busy timeout (how long a statement waits for another connection's lock), at
+  least :data:`SQLITE_MIN_BUSY_SECONDS`: SQLite's lock waits are not fair (a waiting writer
+  polls, and a busier one can take the lock between its polls), so a shorter wait could fail a
+  healthy holder's renewal beside a process that retries in a loop.
+
+A slow database that answers within the bound works as before. A timed-out statement is never
+retried by the allocator (:func:`is_timeout`): one bound, not a multiple of it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sqlalchemy import Engine, event
+from sqlalchemy.engine import URL
+from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import ConnectionPoolEntry
+
+#: Bounds on the per-statement limit, whatever the lease length.
+MIN_STATEMENT_SECONDS = 1.0
+MAX_STATEMENT_SECONDS = 10.0
+#: Shortest SQLite busy timeout (see above).
+SQLITE_MIN_BUSY_SECONDS = 5.0
+#: SQLSTATEs of a statement PostgreSQL cancelled at its statement or lock timeout.
+_PG_TIMEOUTS = {"57014", "55P03"}
+#: MariaDB/MySQL: lock wait timeout, max_statement_time, max_execution_time, lost connection
+#: (the read timeout), server gone.
+_MYSQL_TIMEOUTS = {1205, 1969, 3024, 2013, 2006}
+
+
+def statement_seconds(lease_seconds: float) -> float:
+    """The bound for ``lease_seconds``: a third of the lease, within 1 to 10 seconds."""
+    return min(MAX_STATEMENT_SECONDS, max(MIN_STATEMENT_SECONDS, lease_seconds / 3))
+
+
+def bound_seconds(backend: str, lease_seconds: float) -> float:
+    """How long one statement may wait on ``backend`` (``postgresql``, ``mariadb``, ``mysql``,
+    ``sqlite``) for an allocator with this lease length."""
+    seconds = statement_seconds(lease_seconds)
+    return max(seconds, SQLITE_MIN_BUSY_SECONDS) if backend == "sqlite" else seconds
+
+
+def connect_args(url: URL, seconds: float) -> dict[str, Any]:
+    """Driver arguments bounding connects and (client side) reads; the URL's own win."""
+    backend, driver, query = url.get_backend_name(), url.get_driver_name(), url.query
+    whole = max(1, math.ceil(seconds))
+    args: dict[str, Any] = {}
+    if backend == "postgresql":
+        args["connect_timeout"] = whole
+        if _libpq_version(driver) >= 120000:  # libpq 12 added tcp_user_timeout
+            args["tcp_user_timeout"] = round(seconds * 1000)
+    elif backend in ("mysql", "mariadb") and driver == "pymysql":
+        args["connect_timeout"] = whole
+        args["read_timeout"] = args["write_timeout"] = whole + 1
+    elif backend == "sqlite":
+        args["timeout"] = max(seconds, SQLITE_MIN_BUSY_SECONDS)
+    return {name: value for name, value in args.items() if name not in query}
+
+
+def _libpq_version(driver: str) -> int:
+    """The libpq the PostgreSQL driver runs on (e.g. 160004), or 0 when unknown."""
+    try:
+        if driver == "psycopg":
+            import psycopg
+
+            return int(psycopg.pq.version())
+        if driver == "psycopg2":
+            import psycopg2.extensions  # type: ignore[import-untyped]
+
+            return int(psycopg2.extensions.libpq_version())
+    except (ImportError, AttributeError):
+        pass
+    return 0
+
+
+def bound_sessions(engine: Engine, seconds: float) -> None:
+    """Set the server-side statement and lock limits on every new connection of ``engine``."""
+    backend = engine.url.get_backend_name()
+    if backend not in ("postgresql", "mysql", "mariadb"):
+        return
+    whole = max(1, math.ceil(seconds))
+
+    @event.listens_for(engine, "connect")
+    def _limit(dbapi_connection: DBAPIConnection, record: ConnectionPoolEntry) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            for statement in _session_limits(backend, dbapi_connection, seconds, whole):
+                cursor.execute(statement)
+        finally:
+            cursor.close()
+        dbapi_connection.commit()  # PostgreSQL's SET is transactional
+
+
+def _session_limits(
+    backend: str, dbapi_connection: Any, seconds: float, whole: int
+) -> list[str]:
+    if backend == "postgresql":
+        ms = round(seconds * 1000)
+        return [f"SET statement_timeout = {ms}", f"SET lock_timeout = {ms}"]
+    limits = [f"SET SESSION lock_wait_timeout = {whole}"]
+    limits.append(f"SET SESSION innodb_lock_wait_timeout = {whole}")
+    info = getattr(dbapi_connection, "get_server_info", None)
+    version = str(info()) if callable(info) else ""
+    if "mariadb" in version.lower():
+        limits.append(f"SET SESSION max_statement_time = {seconds:.3f}")
+    else:
+        limits.append(f"SET SESSION max_execution_time = {round(seconds * 1000)}")
+    return limits
+
+
+def is_timeout(error: BaseException) -> bool:
+    """Did a statement fail because the database did not answer within the bound?"""
+    if not isinstance(error, DBAPIError):
+        return False
+    original = error.orig
+    if getattr(original, "sqlstate", None) in _PG_TIMEOUTS:
+        return True
+    args: tuple[object, ...] = getattr(original, "args", ())
+    if args and args[0] in _MYSQL_TIMEOUTS:
+        return True
+    text = str(original).lower()
+    return "database is locked" in text or "timeout expired" in text

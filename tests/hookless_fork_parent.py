@@ -1,0 +1,116 @@
+"""A parent process for tests/test_fork_busy_heartbeat.py: raw ``fork()`` (no Python fork hook)
+over and over while its heartbeat renews a short lease and another thread keeps the GIL busy.
+
+Run as ``python -m tests.hookless_fork_parent URL CHILDREN OUT_DIR``. Each child
+issues IDs at once, again after its first renewal was due, then releases and ends with
+``os._exit``; it writes ``childN.json`` (and ``childN.ids``). The parent waits for each child at
+most ``CHILD_DEADLINE_S``, SIGKILLs one that is still running (a hang), and writes
+``parent.json``: per child its exit code or ``"hung"``, and the parent's own IDs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from array import array
+from pathlib import Path
+from typing import Any
+
+import snowflake_db
+from snowflake_db import forks
+from snowflake_db.worker import TableLease, TableWorkerAllocator, forking
+
+#: libc's fork() holding the GIL, as a C server (uWSGI) forks: no Python fork hook runs.
+LIBC_FORK = ctypes.PyDLL(None, use_errno=True).fork
+LEASE_SECONDS = 1.2  # renewed every 0.4 s: the parent's heartbeat is busy
+CHILD_DEADLINE_S = 20.0
+RUN_S = 1.3  # each child also issues after 3 of its renewals were due
+
+
+def _os_threads() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("\nThreads:", 1)[1].split("\n", 1)[0])
+
+
+def _child(out: Path) -> None:
+    report: dict[str, Any] = {}
+    try:
+        generator = snowflake_db.get_generator()
+        ids = array("q", (snowflake_db.snowflake_default() for _ in range(200)))
+        lease = generator.lease
+        assert isinstance(lease, TableLease)
+        report["threads_allowed"] = forks.threads_allowed()
+        report["os_threads_after_lease"] = _os_threads()
+        started = time.monotonic()
+        while time.monotonic() - started < RUN_S:
+            ids.extend(snowflake_db.snowflake_default() for _ in range(50))
+            time.sleep(0.02)
+        report.update(
+            worker=generator.worker_id,
+            mine=lease.pid == os.getpid(),
+            renewals=lease.renewals,
+            caller_renewals=lease.caller_renewals,
+            os_threads=_os_threads(),
+        )
+        forking._at_exit()  # what a clean exit runs: release this child's slot
+        out.with_suffix(".ids").write_bytes(ids.tobytes())
+    except BaseException:
+        report["error"] = traceback.format_exc()
+    out.with_suffix(".json").write_text(json.dumps(report))
+
+
+def _wait(pid: int) -> int | str:
+    deadline = time.monotonic() + CHILD_DEADLINE_S
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.005)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return "hung"
+
+
+def main(url: str, children: int, out_dir: Path) -> None:
+    allocator = TableWorkerAllocator(url, lease_seconds=LEASE_SECONDS)
+    snowflake_db.configure(allocator=allocator)
+    parent_ids = array("q", [snowflake_db.snowflake_default()])
+    stop = threading.Event()
+
+    def busy() -> None:  # wants the GIL all the time, as request threads do
+        while not stop.is_set():
+            for _ in range(200):
+                pass
+            time.sleep(0)  # gives the GIL up and waits for it again: always a waiter
+
+    spinner = threading.Thread(target=busy, daemon=True)
+    spinner.start()
+    outcomes: list[int | str] = []
+    try:
+        for index in range(children):
+            parent_ids.extend(snowflake_db.snowflake_default() for _ in range(20))
+            pid = LIBC_FORK()
+            if pid == 0:  # the child: never returns into this loop
+                try:
+                    _child(out_dir / f"child{index}")
+                finally:
+                    os._exit(0)
+            outcomes.append(_wait(pid))
+    finally:
+        stop.set()
+        spinner.join(5)
+        snowflake_db.reset()
+        allocator.close()
+    (out_dir / "parent.json").write_text(
+        json.dumps({"outcomes": outcomes, "ids": parent_ids.tolist()})
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]))

@@ -1,0 +1,163 @@
+"""A control database that answers nothing within the bound: another connection holds a lock
+on the slots table. Acquisition must raise ``AllocatorUnavailableError`` within the documented
+bound (``snowflake_db.worker.timeouts``: a third of the lease, 1 to 10 s per statement; SQLite's
+busy timeout at least 5 s), however
+long the lock is held, on PostgreSQL (``LOCK TABLE``), MariaDB (``LOCK TABLES ... WRITE``) and
+SQLite (``BEGIN EXCLUSIVE``); a lock released within the bound (a slow database that answers)
+only delays it. Before the fix, a fresh ``ensure_worker()`` waited as long as the lock was held.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine
+
+from snowflake_db import AllocatorUnavailableError, SnowflakeGenerator
+from snowflake_db.worker import TableLease, TableWorkerAllocator
+from snowflake_db.worker.timeouts import bound_seconds
+
+from .plugins.databases import ScratchDatabase
+from .worker_support import read_slots
+
+LEASE_SECONDS = 3.0  # statement bound: 1 s (SQLite: 5 s)
+#: What a loaded 2-core machine may add to the bound (connect, the statements before the lock).
+SLACK_S = 2.5
+SLOTS = "snowflake_worker_slots"
+
+
+@contextmanager
+def slots_locked(database: ScratchDatabase) -> Iterator[Any]:
+    """Hold an exclusive lock on the slots table from another connection until the block ends
+    (yields a callable that releases it early)."""
+    if database.backend == "sqlite":
+        connection = sqlite3.connect(
+            database.url.database or "", timeout=30, check_same_thread=False
+        )
+        connection.isolation_level = None
+        connection.execute("BEGIN EXCLUSIVE")
+        release = threading.Lock()
+
+        def unlock() -> None:
+            with release:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+
+        try:
+            yield unlock
+        finally:
+            unlock()
+            connection.close()
+        return
+    engine = create_engine(database.url)
+    connection = engine.connect()
+    raw = connection.connection.dbapi_connection
+    assert raw is not None
+    cursor = raw.cursor()
+    if database.backend == "postgresql":
+        cursor.execute(f"LOCK TABLE {SLOTS} IN ACCESS EXCLUSIVE MODE")
+        unlock_sql = "ROLLBACK"
+    else:
+        cursor.execute(f"LOCK TABLES {SLOTS} WRITE")
+        unlock_sql = "UNLOCK TABLES"
+    done = threading.Event()
+
+    def unlock_early() -> None:
+        if not done.is_set():
+            done.set()
+            cursor.execute(unlock_sql)
+
+    try:
+        yield unlock_early
+    finally:
+        unlock_early()
+        connection.close()
+        engine.dispose()
+
+
+def _prepared(database: ScratchDatabase) -> None:
+    """Create the tables and the layout record, as a first process would have."""
+    with TableWorkerAllocator(database.url_string, lease_seconds=LEASE_SECONDS) as first:
+        first.check(layout=SnowflakeGenerator(0).layout)
+
+
+@pytest.mark.xdist_group("timing")  # see tests/conftest.py
+def test_a_locked_slots_table_costs_an_error_within_the_bound(any_db: ScratchDatabase) -> None:
+    bound = bound_seconds(any_db.backend, LEASE_SECONDS)
+    _prepared(any_db)
+    alloc = TableWorkerAllocator(any_db.url_string, lease_seconds=LEASE_SECONDS)
+    generator = SnowflakeGenerator(allocator=alloc)
+    try:
+        with slots_locked(any_db):  # held for as long as the test waits: "hung"
+            started = time.monotonic()
+            with pytest.raises(AllocatorUnavailableError) as caught:
+                generator.ensure_worker()
+            elapsed = time.monotonic() - started
+            # Before the fix the same call waited as long as the lock was held.
+            assert bound * 0.8 <= elapsed <= bound + SLACK_S, elapsed
+            assert "cannot lease a worker ID" in str(caught.value)
+            # A second attempt is bounded the same way (no connection left stuck).
+            started = time.monotonic()
+            with pytest.raises(AllocatorUnavailableError):
+                generator.next_id()
+            assert time.monotonic() - started <= bound + SLACK_S
+        # The lock is gone: the same generator leases at once.
+        generator.next_id()
+        lease = generator.lease
+        assert isinstance(lease, TableLease)
+        assert read_slots(any_db.url)[lease.worker_id].lease_token == lease.token
+    finally:
+        generator.close()
+        alloc.close()
+
+
+@pytest.mark.xdist_group("timing")  # see tests/conftest.py
+def test_a_slow_database_that_answers_within_the_bound_still_works(
+    any_db: ScratchDatabase,
+) -> None:
+    _prepared(any_db)
+    alloc = TableWorkerAllocator(any_db.url_string, lease_seconds=LEASE_SECONDS)
+    generator = SnowflakeGenerator(allocator=alloc)
+    hold = bound_seconds(any_db.backend, LEASE_SECONDS) / 2
+    try:
+        with slots_locked(any_db) as unlock:
+            timer = threading.Timer(hold, unlock)
+            timer.start()
+            started = time.monotonic()
+            try:
+                generator.ensure_worker()  # waits for the lock, then leases
+            finally:
+                timer.join()
+            elapsed = time.monotonic() - started
+        assert hold * 0.8 <= elapsed <= hold + SLACK_S, elapsed
+        assert generator.next_id() > 0
+    finally:
+        generator.close()
+        alloc.close()
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_each_session_carries_the_statement_and_lock_limits(
+    backend: str, database_factory: Any
+) -> None:
+    database = database_factory(backend)
+    alloc = TableWorkerAllocator(database.url_string, lease_seconds=LEASE_SECONDS)
+    with alloc, alloc._engine.connect() as connection:
+        if backend == "postgresql":
+            settings = {
+                name: connection.exec_driver_sql(f"SHOW {name}").scalar_one()
+                for name in ("statement_timeout", "lock_timeout")
+            }
+            assert settings == {"statement_timeout": "1s", "lock_timeout": "1s"}
+        else:
+            row = connection.exec_driver_sql(
+                "SELECT @@session.lock_wait_timeout, @@session.innodb_lock_wait_timeout, "
+                "@@session.max_statement_time"
+            ).one()
+            assert (int(row[0]), int(row[1]), float(row[2])) == (1, 1, 1.0)
