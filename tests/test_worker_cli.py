@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -78,13 +80,65 @@ def test_errors_are_one_line_with_exit_status_2(
     monkeypatch.delenv("SNOWFLAKE_WORKER_URL", raising=False)
     assert main(["workers", "list"]) == 2
     assert "give --url" in capsys.readouterr().err
-    assert main(["workers", "list", "--url", sqlite_db.url_string]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no worker tables" in err
-    url = "postgresql+psycopg://snow:s3cret@127.0.0.1:1/control"
-    assert main(["workers", "reap", "--url", url]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "s3cret" not in err and "***" in err
+    assert main(["workers", "reap", "--url", sqlite_db.url_string,
+                 "--prune-registrations", "-1"]) == 2
+    assert "--prune-registrations must be a number of days >= 0" in capsys.readouterr().err
+
+
+#: Every command that reads the control database, as run against an unusable one.
+DATABASE_COMMANDS = [["workers", "list"], ["workers", "reap"], ["workers", "check"], ["doctor"]]
+
+
+def _one_line(result: subprocess.CompletedProcess[str], status: int) -> str:
+    assert result.returncode == status, (result.returncode, result.stdout, result.stderr)
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    return line
+
+
+def _cli(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=REPO)
+    env.pop("SNOWFLAKE_WORKER_URL", None)
+    return subprocess.run([sys.executable, "-m", "snowflake_db.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=60, check=False, cwd=cwd)
+
+
+@pytest.mark.parametrize("command", DATABASE_COMMANDS, ids=" ".join)
+def test_unreachable_database_is_status_1_for_every_command(command: list[str]) -> None:
+    """The command is right, the database does not answer: 1, as the README's Health section
+    says for check and doctor (list and reap used to exit 2, the status of a mistake)."""
+    line = _one_line(_cli(*command, "--url", "postgres://snow:s3cret@127.0.0.1:1/control"), 1)
+    assert line.startswith(f"snowflake-db {' '.join(command)}: ")
+    assert "postgresql+psycopg://snow:***@127.0.0.1:1/control" in line
+    assert "Connection refused" in line and "s3cret" not in line
+
+
+@pytest.mark.parametrize("command", DATABASE_COMMANDS, ids=" ".join)
+def test_empty_database_is_status_1_for_every_command(
+    command: list[str], sqlite_db: ScratchDatabase
+) -> None:
+    sqlite3.connect(sqlite_db.url.database or "").close()  # an existing, empty database
+    line = _one_line(_cli(*command, "--url", sqlite_db.url_string), 1)
+    assert "no worker tables" in line
+
+
+@pytest.mark.parametrize("command", DATABASE_COMMANDS, ids=" ".join)
+@pytest.mark.parametrize("url", ["sqlite:///nothere.db", "sqlite:///file:nothere.db?uri=true"])
+def test_missing_sqlite_file_is_refused_and_not_created(
+    command: list[str], url: str, tmp_path: Path
+) -> None:
+    """sqlite3 creates the file it is asked to open: a typo in the path would leave an empty
+    database behind. Only check --create-tables, as an application's first lease, creates it."""
+    line = _one_line(_cli(*command, "--url", url, cwd=str(tmp_path)), 2)
+    assert line == (
+        f"snowflake-db {command[0]}: error: --url: no such SQLite file {tmp_path}/nothere.db; "
+        f"check the path{' or pass --create-tables' if command[-1] == 'check' else ''} "
+        "(nothing was created)"
+    )
+    assert list(tmp_path.iterdir()) == []
+    created = _cli("workers", "check", "--create-tables", "--url", url, cwd=str(tmp_path))
+    assert created.returncode == 0, created.stderr
+    assert (tmp_path / "nothere.db").is_file()
 
 
 def test_console_command(sqlite_db: ScratchDatabase) -> None:
@@ -148,7 +202,6 @@ BAD_URLS = [
     ("sqlite:///file::memory:?uri=true", "names no SQLite file"),
     ("sqlite:///file:x?mode=memory&uri=true", "names no SQLite file"),
     ("postgresql+nosuchdriver://u@h/db", "nosuchdriver"),
-    ("postgres://snow:s3cret@127.0.0.1:1/control", "postgresql+psycopg://snow:***@127.0.0.1:1/"),
 ]
 
 
@@ -183,7 +236,7 @@ def test_bad_url_in_the_environment_names_the_variable() -> None:
 def test_empty_control_database_says_where_tables_come_from(
     postgres_db: ScratchDatabase, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["workers", "list", "--url", postgres_db.url_string]) == 2
+    assert main(["workers", "list", "--url", postgres_db.url_string]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -44,6 +45,13 @@ def _registrations(db: ScratchDatabase) -> int:
             return int(connection.execute(select(func.count()).select_from(table)).scalar_one())
     finally:
         engine.dispose()
+
+
+def _existing(db: ScratchDatabase) -> str:
+    """The database's URL, its SQLite file created empty (a missing one is refused, status 2)."""
+    if db.backend == "sqlite":
+        sqlite3.connect(db.url.database or "").close()
+    return db.url_string
 
 
 def _one_line_failure(result: subprocess.CompletedProcess[str], status: int) -> str:
@@ -85,7 +93,7 @@ def test_check_leases_and_releases_leaving_nothing_behind(any_db: ScratchDatabas
 
 
 def test_check_failures_are_one_line_with_exit_status_1(any_db: ScratchDatabase) -> None:
-    url = any_db.url_string
+    url = _existing(any_db)
     line = _one_line_failure(_run("workers", "check", "--url", url), 1)
     assert "no worker tables" in line and "or pass --create-tables" in line
 
@@ -193,7 +201,7 @@ def test_doctor_reports_layout_skew_and_slots(any_db: ScratchDatabase) -> None:
 
 
 def test_doctor_on_missing_or_old_tables(any_db: ScratchDatabase) -> None:
-    url = any_db.url_string
+    url = _existing(any_db)
     line = _one_line_failure(_run("doctor", "--url", url), 1)
     assert "no worker tables" in line
     from sqlalchemy import MetaData

@@ -1,7 +1,10 @@
 """The ``snowflake-db`` command. Each sub-command group lives in its own module with a
 ``register(subparsers)`` function; modules needing extras import them only when run.
 
-Every user mistake is one line on stderr and exit status 2; a closed stdout pipe
+Exit statuses, the same for every command: 0 done; 1 the command was right but the database
+let it down (unreachable, no worker tables, no worker ID to lease, problems found), with one
+line on stderr; 2 a mistake in the command (options, a URL that names no host, database or
+existing SQLite file), one line on stderr naming the value. A closed stdout pipe
 (``snowflake-db generate -n 1000 | head -1``) ends the command quietly with status 141, as a
 process killed by SIGPIPE would.
 """
@@ -17,7 +20,9 @@ from typing import NoReturn
 
 from ..errors import CommandError, SnowflakeError
 
-__all__ = ["EXIT_BROKEN_PIPE", "EXIT_USAGE", "CommandError", "build_parser", "main"]
+__all__ = [
+    "EXIT_BROKEN_PIPE", "EXIT_FAILURE", "EXIT_USAGE", "CommandError", "build_parser", "main",
+]
 
 #: Modules that add sub-commands, in the order they appear in ``--help``.
 COMMAND_MODULES = (
@@ -27,6 +32,8 @@ COMMAND_MODULES = (
     "snowflake_db.cli.bench",
 )
 
+#: The command was right, the database let it down (see the module's docstring).
+EXIT_FAILURE = 1
 EXIT_USAGE = 2
 #: 128 + SIGPIPE: what a shell reports for a process the closed pipe killed.
 EXIT_BROKEN_PIPE = 141

@@ -3,7 +3,8 @@
 The recorded layout against the given one, when the layout runs out, this host's clock skew
 against the control database, the worker IDs by state and, with ``--partitioned-table``, how far
 ahead the time partitions reach. Exit status 0 when nothing is wrong (warnings allowed), 1 with
-the problems listed, 2 for a mistake in the command line. The report itself is
+the problems listed (or one line when the database cannot be read), 2 for a mistake in the
+command line (as every command: see :mod:`snowflake_db.cli`). The report itself is
 :mod:`snowflake_db.worker.health`'s, shared with ``manage.py snowflake doctor``.
 """
 
@@ -11,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import TYPE_CHECKING
 
 from ..errors import AllocatorUnavailableError, ShardingError
 from .ids import add_layout_options, layout_from_args
 from .urls import resolve_url
-from .workers import _add_table_options, _allocator, _explain_missing_tables
+from .workers import _add_table_options, _allocator, _explain_missing_tables, fail
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL, Engine
@@ -73,9 +73,7 @@ def _doctor(args: argparse.Namespace) -> int:
         finally:
             reader.close()
     except AllocatorUnavailableError as error:
-        message = str(_explain_missing_tables(allocator, error))
-        print(f"snowflake-db doctor: {' '.join(message.split())}", file=sys.stderr)
-        return 1
+        return fail("doctor", _explain_missing_tables(allocator, error))
     finally:
         allocator.close()
     if args.json:

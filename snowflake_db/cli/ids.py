@@ -9,12 +9,12 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
 
-from ..errors import CommandError, InvalidIdError
+from ..errors import CommandError
 from ..generator import SnowflakeGenerator
 from ..layout import DEFAULT_EPOCH_MS, LAYOUT_FIELDS, USABLE_BITS, Layout, to_unix_ms
 from ..process import WORKER_ID_ENV
+from .decoded import decode_ids, json_text, suspicions, table_lines
 
 _MAX_GENERATE = 10_000_000
 
@@ -29,8 +29,6 @@ _LAYOUT_INT_OPTIONS = (
     ("datacenter_bits", 0, USABLE_BITS),
     ("tick_ms", 1, None),
 )
-#: An ID this far ahead of the local clock is taken as decoded with the wrong layout.
-_FUTURE_SLACK_MS = 60_000
 
 
 def add_layout_options(parser: argparse.ArgumentParser) -> None:
@@ -99,13 +97,6 @@ def parse_epoch(text: str) -> int:
     return to_unix_ms(moment, "--epoch")
 
 
-def _parse_id_text(text: str) -> int:
-    stripped = text.strip()
-    if not stripped.lstrip("-").isdigit():
-        raise InvalidIdError(f"{text!r} is not a decimal integer ID")
-    return int(stripped)
-
-
 def _id_texts(arguments: list[str]) -> Iterator[str]:
     """The IDs given, ``-`` standing for whitespace-separated IDs read from stdin."""
     for argument in arguments:
@@ -116,61 +107,19 @@ def _id_texts(arguments: list[str]) -> Iterator[str]:
             yield argument
 
 
-def _suspicion(layout: Layout, snowflake_id: int, timestamp_ms: int, now_ms: int) -> str | None:
-    """Why a decoded ID looks as if it came from another layout or epoch, if it does."""
-    if timestamp_ms > now_ms + _FUTURE_SLACK_MS:
-        return f"decodes to {_iso(timestamp_ms)}, in the future"
-    if snowflake_id >> layout.time_shift == 0:
-        return f"decodes to the epoch itself ({layout.epoch.isoformat()}: no time part)"
-    return None
-
-
 def _parse(args: argparse.Namespace) -> int:
     layout = layout_from_args(args)
-    decoded: list[dict[str, Any]] = []
-    warnings: list[str] = []
-    now_ms = time.time_ns() // 1_000_000
-    for text in _id_texts(args.ids):
-        part = layout.decode(_parse_id_text(text))
-        row: dict[str, Any] = {
-            "id": str(part.id) if args.json else part.id,
-            "timestamp_ms": part.timestamp_ms,
-            "datetime": part.datetime.isoformat(),
-            "worker_id": part.worker_id,
-            "sequence": part.sequence,
-            "shard": part.shard,
-        }
-        if part.datacenter_id is not None:
-            row["datacenter_id"] = part.datacenter_id
-            row["machine_id"] = part.machine_id
-        decoded.append(row)
-        suspicion = _suspicion(layout, part.id, part.timestamp_ms, now_ms)
-        if suspicion is not None:
-            warnings.append(f"ID {part.id} {suspicion}")
-    if not decoded:
+    rows = decode_ids(layout, _id_texts(args.ids))
+    if not rows:
         raise CommandError("no ID given (on stdin for 'parse -')")
-    if args.json:
-        # IDs as strings: JSON consumers such as JavaScript lose precision above 2**53.
-        json.dump(decoded, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        _print_table(decoded)
+    print(json_text(rows) if args.json else "\n".join(table_lines(rows)))
     sys.stdout.flush()  # the table before the warnings when both go to a terminal
-    for warning in warnings:
+    for warning in suspicions(layout, rows, time.time_ns() // 1_000_000):
         print(
-            f"snowflake-db parse: warning: {warning}: wrong layout or epoch? "
-            "(see --epoch and the --*-bits options)",
+            f"snowflake-db parse: warning: {warning} (see --epoch and the --*-bits options)",
             file=sys.stderr,
         )
     return 0
-
-
-def _print_table(rows: list[dict[str, Any]]) -> None:
-    columns = list(rows[0])
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
-    print("  ".join(c.ljust(widths[c]) for c in columns).rstrip())
-    for row in rows:
-        print("  ".join(str(row[c]).ljust(widths[c]) for c in columns).rstrip())
 
 
 def _worker_id(args: argparse.Namespace, layout: Layout) -> int:

@@ -9,6 +9,7 @@ their own defaults and silently open some other server's database.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import CommandError, InvalidArgumentError
@@ -63,3 +64,20 @@ def resolve_url(text: str, origin: str) -> URL:
     if missing == "database":
         raise CommandError(f"{origin}{shown} names no database; add /DBNAME after the host")
     return url
+
+
+def require_sqlite_file(url: URL, origin: str, hint: str = "") -> None:
+    """Refuse a SQLite URL whose file does not exist, before anything connects: ``sqlite3``
+    would create an empty file there (a typo in the path left behind as a new database)."""
+    if url.get_backend_name() != "sqlite":
+        return
+    path = url.database or ""
+    if path.startswith("file:"):  # a URI filename (?uri=true): file:PATH or file:///PATH
+        path = path[len("file:"):].split("?", 1)[0]
+        if path.startswith("//"):
+            path = "/" + path[2:].partition("/")[2]
+    if not Path(path).exists():
+        raise CommandError(
+            f"{origin.rstrip(' =')}: no such SQLite file {Path(path).absolute()}; check the "
+            f"path{hint} (nothing was created)"
+        )

@@ -3,7 +3,9 @@
 SQLAlchemy is imported only when a command runs, so ``snowflake-db --help`` works without it.
 ``check`` is for start-up and readiness probes: exit status 0 when a worker ID can be leased
 with the given layout (it is released at once), 1 with a one-line reason when not, 2 for a
-mistake in the command line.
+mistake in the command line. ``list`` and ``reap`` follow the same rule: 1 when the database
+cannot be read (unreachable, no worker tables). Only ``check --create-tables`` may create a
+SQLite file; the others refuse a missing one (status 2) instead of leaving an empty file behind.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import AllocatorUnavailableError, CommandError
 from ..process import WORKER_URL_ENV
+from . import EXIT_FAILURE
 from .ids import add_layout_options, layout_from_args
-from .urls import URL_FORMS, resolve_url
+from .urls import URL_FORMS, require_sqlite_file, resolve_url
 
 if TYPE_CHECKING:
     from ..worker import SlotRow, TableWorkerAllocator
@@ -91,6 +94,10 @@ def _allocator(
         url = resolve_url(os.environ[WORKER_URL_ENV], f"{WORKER_URL_ENV}=")
     else:
         raise CommandError(f"give --url URL (or set {WORKER_URL_ENV})")
+    if not create_tables:
+        origin = "--url " if args.url else f"{WORKER_URL_ENV}="
+        hint = " or pass --create-tables" if getattr(args, "action", "") == "check" else ""
+        require_sqlite_file(url, origin, hint)
     try:
         from ..worker import DEFAULT_REGISTRATIONS_TABLE, DEFAULT_SLOTS_TABLE, TableWorkerAllocator
     except ImportError as error:
@@ -165,12 +172,18 @@ def _as_dict(row: SlotRow) -> dict[str, Any]:
     }
 
 
+def fail(command: str, message: object) -> int:
+    """The database let a well-formed command down: one line on stderr, exit status 1."""
+    print(f"snowflake-db {command}: {' '.join(str(message).split())}", file=sys.stderr)
+    return EXIT_FAILURE
+
+
 def _list(args: argparse.Namespace) -> int:
     allocator = _allocator(args)
     try:
         rows = allocator.workers()
     except AllocatorUnavailableError as error:
-        raise _explain_missing_tables(allocator, error) from None
+        return fail("workers list", _explain_missing_tables(allocator, error))
     finally:
         allocator.close()
     records = [_as_dict(row) for row in rows]
@@ -212,7 +225,7 @@ def _reap(args: argparse.Namespace) -> int:
         reaped = allocator.reap()
         pruned = None if days is None else allocator.prune_registrations(days * 86_400)
     except AllocatorUnavailableError as error:
-        raise _explain_missing_tables(allocator, error) from None
+        return fail("workers reap", _explain_missing_tables(allocator, error))
     finally:
         allocator.close()
     if args.json:
@@ -244,5 +257,4 @@ def _check(args: argparse.Namespace) -> int:
     if result.ok:
         print(message)
         return 0
-    print(f"snowflake-db workers check: {' '.join(message.split())}", file=sys.stderr)
-    return 1
+    return fail("workers check", message)
