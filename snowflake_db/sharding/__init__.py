@@ -11,6 +11,12 @@ Framework glue lives with its framework:
 """
 
 from ..errors import ForeignIdError, ShardingError, UnknownShardError
+from .engines import (
+    citus_shard_index,
+    mariadb_hash_partition,
+    mariadb_key_partition,
+    postgres_hash_partition,
+)
 from .routing import (
     DEFAULT_FUTURE_SLACK_MS,
     ShardKey,
@@ -31,7 +37,11 @@ __all__ = [
     "ShardingError",
     "UnknownShardError",
     "blake2b64",
+    "citus_shard_index",
     "id_range_for_time",
     "key_hash",
+    "mariadb_hash_partition",
+    "mariadb_key_partition",
+    "postgres_hash_partition",
     "splitmix64",
 ]

@@ -13,6 +13,13 @@ Two routing modes, chosen by the layout:
   skewed at low traffic (the sequence restarts at 0 every tick, so low bits are mostly 0); a
   64-bit finalizer spreads every input bit over the output. No co-location in this mode.
 
+``engine=`` (``"postgresql-hash"``, ``"mariadb-key"``, ``"mariadb-hash"``) swaps the fixed hashes
+below for the partition function of that engine (:mod:`snowflake_db.sharding.engines`), so logical
+shard ``s`` is the engine's partition ``s`` (PostgreSQL: ``REMAINDER s``; MariaDB/Spider: ``ps``)
+for a table partitioned by the shard key into ``logical_shards`` partitions. Keys are then BIGINT
+ints only. With shard bits an ID still carries its shard (its shard key's partition); without,
+``shard_of_id`` is the engine's partition of the ID itself (a table partitioned by its ID).
+
 The fixed, documented hashes (never Python's ``hash()``, which is salted per process):
 
 * ``splitmix64(x)`` -- one step of Vigna's SplitMix64 with state ``x``:
@@ -35,7 +42,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 
 from ..errors import (
@@ -49,6 +56,7 @@ from ..errors import (
 from ..generator import SnowflakeGenerator
 from ..layout import DEFAULT_LAYOUT, Layout, require_layout
 from ..process import get_generator
+from .engines import ROUTING_ENGINES
 
 _MASK64 = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
@@ -118,6 +126,7 @@ class ShardRouter:
     every logical shard. With shard bits the layout fixes ``logical_shards = 2**shard_bits``;
     without, pass ``logical_shards`` (choose more than you have servers, e.g. 64: the count is
     permanent because it decides where every existing ID lives, the mapping is not).
+    ``engine`` routes keys as that engine partitions them (see the module docstring).
     """
 
     def __init__(
@@ -126,6 +135,7 @@ class ShardRouter:
         *,
         layout: Layout | None = None,
         logical_shards: int | None = None,
+        engine: str | None = None,
     ) -> None:
         self.layout = require_layout(layout if layout is not None else DEFAULT_LAYOUT)
         if isinstance(targets, str):
@@ -153,6 +163,8 @@ class ShardRouter:
                     f"targets must be non-empty strings, got {target!r}"
                 )
         self.logical_shards = count
+        self.engine = engine
+        self._engine = self._engine_function(engine, count)
         self._mapping = mapping
         self._embedded = self.layout.shard_bits > 0
         self._max_shard = self.layout.max_shard
@@ -181,6 +193,23 @@ class ShardRouter:
             raise InvalidArgumentError(f"logical_shards={logical_shards} is below the minimum 1")
         return logical_shards
 
+    @staticmethod
+    def _engine_function(engine: str | None, count: int) -> Callable[[int, int], int] | None:
+        if engine is None:
+            return None
+        function = ROUTING_ENGINES.get(engine) if isinstance(engine, str) else None
+        if function is None:
+            raise InvalidArgumentError(
+                f"unknown routing engine {engine!r}; known engines: {', '.join(ROUTING_ENGINES)}"
+            )
+        try:
+            function(0, count)
+        except InvalidArgumentError as error:
+            raise InvalidArgumentError(
+                f"logical_shards={count} does not fit engine {engine!r}: {error}"
+            ) from None
+        return function
+
     # -- mapping ---------------------------------------------------------------------------
 
     @property
@@ -198,7 +227,9 @@ class ShardRouter:
         self._check_shard(shard)
         mapping = dict(self._mapping)
         mapping[shard] = target
-        return ShardRouter(mapping, layout=self.layout, logical_shards=self.logical_shards)
+        return ShardRouter(
+            mapping, layout=self.layout, logical_shards=self.logical_shards, engine=self.engine
+        )
 
     def shards_on(self, target: str) -> list[int]:
         """The logical shards living on ``target``."""
@@ -228,14 +259,25 @@ class ShardRouter:
     # -- routing ---------------------------------------------------------------------------
 
     def shard_for_key(self, key: ShardKey) -> int:
-        """The logical shard of a shard key: ``key_hash(key) % logical_shards``."""
-        return key_hash(key) % self.logical_shards
+        """The logical shard of a shard key: ``key_hash(key) % logical_shards``, or the
+        engine's partition of ``key`` when the router has an ``engine``."""
+        if self._engine is None:
+            return key_hash(key) % self.logical_shards
+        if isinstance(key, bool) or not isinstance(key, int):
+            raise InvalidArgumentTypeError(
+                f"engine {self.engine!r} routes BIGINT shard keys (ints), got "
+                f"{type(key).__name__} {key!r}"
+            )
+        return self._engine(key, self.logical_shards)
 
     def shard_of_id(self, snowflake_id: int) -> int:
-        """The logical shard of an ID: its shard bits, or ``splitmix64(id) % logical_shards``."""
+        """The logical shard of an ID: its shard bits, else ``splitmix64(id) % logical_shards``
+        (or the engine's partition of the ID when the router has an ``engine``)."""
         value = self.layout.check_id(snowflake_id)
         if self._embedded:
             return value & self._max_shard
+        if self._engine is not None:
+            return self._engine(value, self.logical_shards)
         return splitmix64(value) % self.logical_shards
 
     def target_for_key(self, key: ShardKey) -> str:
@@ -351,14 +393,20 @@ class ShardRouter:
         return self.layout.decode(snowflake_id).datetime
 
     def describe(self) -> dict[str, object]:
-        return {
-            "mode": "embedded shard bits" if self._embedded else "splitmix64 mixing",
+        mode = "splitmix64 mixing" if self.engine is None else f"{self.engine} partitions"
+        described: dict[str, object] = {
+            "mode": "embedded shard bits" if self._embedded else mode,
             "logical_shards": self.logical_shards,
             "targets": {target: self.shards_on(target) for target in self.targets},
         }
+        if self.engine is not None:
+            described["engine"] = self.engine
+        return described
 
     def __repr__(self) -> str:
         mode = f"shard_bits={self.layout.shard_bits}" if self._embedded else "mixing"
+        if self.engine is not None:
+            mode += f" engine={self.engine!r}"
         return (
             f"<ShardRouter {mode} logical_shards={self.logical_shards} "
             f"targets={list(self.targets)}>"
@@ -367,9 +415,10 @@ class ShardRouter:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ShardRouter):
             return NotImplemented
-        return (self.layout, self.logical_shards, self._mapping) == (
+        return (self.layout, self.logical_shards, self.engine, self._mapping) == (
             other.layout,
             other.logical_shards,
+            other.engine,
             other._mapping,
         )
 
