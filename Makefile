@@ -5,8 +5,14 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.demo-stamp
 TEST_STAMP := $(VENV)/.test-stamp
+SPIDER_PLUGIN := .venv/spider/usr/lib/mysql/plugin/ha_spider.so
 
-.PHONY: demo test lint pytest package-check bench django-suite clean
+.PHONY: demo test lint pytest django6 package-check bench django-suite clean
+
+# Test processes (pytest-xdist) for the main pass and for the Django 6 pass. Most of the suite
+# waits on databases, subprocesses and leases rather than computing, so this exceeds 2 cores.
+PYTEST_WORKERS ?= 6
+DJANGO6_WORKERS ?= 2
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit("snowflake_db needs Python 3.11+, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -31,15 +37,28 @@ lint: $(TEST_STAMP)
 	$(BIN)/mypy --strict snowflake_db
 
 # pytest includes README.md (every code block runs) and tests/test_packaging.py (sdist and wheel
-# built offline, the wheel installed into a fresh venv and smoke-tested there).
-pytest: $(TEST_STAMP)
-	$(BIN)/python -m pytest
+# built offline, the wheel installed into a fresh venv and smoke-tested there). The tests marked
+# `timing` run after the others, one at a time (tests/conftest.py); both passes always run.
+pytest: $(TEST_STAMP) $(SPIDER_PLUGIN)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not timing"; \
+	status=$$?; $(BIN)/python -m pytest -m timing || status=1; exit $$status
+
+# MariaDB's Spider plugin for the throwaway Spider servers of tests/test_sharding_spider.py,
+# fetched from Debian's packages and unpacked into .venv/spider (never installed system-wide).
+$(SPIDER_PLUGIN):
+	bash tests/fetch_spider_plugin.sh
+
+# tests/django again under Django 6 on Python 3.12 (builds .venv/django6-py312 once).
+django6: $(TEST_STAMP)
+	bash tests/run_django6.sh -q -n $(DJANGO6_WORKERS) --dist loadgroup -m "not timing"; \
+	status=$$?; bash tests/run_django6.sh -q -m timing || status=1; exit $$status
 
 package-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests/test_packaging.py
 
-test: lint pytest
-	bash tests/run_django6.sh -q
+# The three at once; each one's output is printed whole when it ends (--output-sync).
+test: $(TEST_STAMP)
+	@$(MAKE) --no-print-directory -j3 --output-sync=target lint pytest django6
 
 bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/bench_generate.py
