@@ -6,21 +6,40 @@ parked for the lease length, on every rolling deploy. :func:`install_signal_hand
 first, then does what the signal did before (the default action ends the process with the usual
 signal status; a Python handler is called). The core knows no database: allocators register what
 to run here (:func:`add_release_hook`).
+
+Pool children (``multiprocessing``, billiard) get the same for SIGTERM without opting in
+(:func:`release_on_sigterm_in_pool_child`): ``Pool.terminate()``, which ``with Pool() as pool``
+calls on leaving the block, ends them with it.
+
+The release runs in a helper thread, waited for at most :data:`RELEASE_WAIT_SECONDS`: the
+signal may have interrupted the main thread inside a lock the release needs, and the process
+must end regardless. While the main thread runs the exit hooks itself (:func:`signals_deferred`)
+a handled signal waits for them instead of cutting their release short.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 
 from .errors import SignalHandlersError
 
 _Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 
+#: Longest wait for the release before the signal goes on: a connect and one statement, each
+#: bounded by the allocator (snowflake_db.worker.timeouts: at most 10 s).
+RELEASE_WAIT_SECONDS = 15.0
+
 _release_hooks: list[Callable[[], None]] = []
 _previous: dict[int, _Handler] = {}
+#: Signals handled without install_signal_handlers() (pool children's SIGTERM).
+_automatic: set[int] = set()
+#: While above 0 the main thread is running the exit hooks; signals that arrive meanwhile.
+_exiting_depth = 0
+_deferred: list[int] = []
 
 
 def add_release_hook(hook: Callable[[], None]) -> None:
@@ -39,10 +58,11 @@ def install_signal_handlers(
     After a handled signal the table allocators are closed: a process that survives it (its own
     handler returned) cannot lease again.
     """
-    if _previous:
+    installed = set(_previous) - _automatic
+    if installed:
         raise SignalHandlersError(
             "snowflake_db.install_signal_handlers() was already called in this process (for "
-            f"{', '.join(signal.Signals(s).name for s in _previous)}); call it once"
+            f"{', '.join(signal.Signals(s).name for s in sorted(installed))}); call it once"
         )
     if threading.current_thread() is not threading.main_thread():
         raise SignalHandlersError(
@@ -52,15 +72,74 @@ def install_signal_handlers(
     chosen = [signal.Signals(s) for s in signals]
     for signum in chosen:
         previous = signal.getsignal(signum)
+        if signum in _automatic:  # already ours (a pool child's SIGTERM): keep what it chains to
+            _automatic.discard(signum)
+            continue
         if previous is signal.SIG_IGN:
             continue
         _previous[signum] = previous
         signal.signal(signum, _release_then_chain)
 
 
+def release_on_sigterm_in_pool_child() -> None:
+    """In a pool child, release before SIGTERM's default action ends the process.
+
+    Only from the main thread (where Python runs handlers), and only while SIGTERM has its
+    default action: a handler set by the application or its server stays as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.SIGTERM in _previous or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    _previous[signal.SIGTERM] = signal.SIG_DFL
+    _automatic.add(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _release_then_chain)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Run the exit hooks from the main thread: a handled signal that arrives meanwhile goes
+    on after them, so it does not end the process halfway through a release."""
+    global _exiting_depth  # noqa: PLW0603
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _exiting_depth += 1
+    try:
+        yield
+    finally:
+        _exiting_depth -= 1
+        if _exiting_depth == 0 and _deferred:
+            signum = _deferred[0]
+            _deferred.clear()
+            _chain(signum, None)
+
+
 def _release_then_chain(signum: int, frame: FrameType | None) -> None:
-    for hook in list(_release_hooks):
-        hook()  # the hooks log their own failures; the signal must go on regardless
+    if _exiting_depth:
+        _deferred.append(signum)
+        return
+    _run_release_hooks(RELEASE_WAIT_SECONDS)
+    _chain(signum, frame)
+
+
+def _run_release_hooks(wait_seconds: float) -> None:
+    """Run the hooks in a helper thread and wait for them at most ``wait_seconds``."""
+    done = threading.Event()
+
+    def release() -> None:
+        try:
+            for hook in list(_release_hooks):
+                hook()  # the hooks log their own failures; the signal must go on regardless
+        finally:
+            done.set()
+
+    threading.Thread(target=release, name="snowflake_db-release", daemon=True).start()
+    done.wait(wait_seconds)
+
+
+def _chain(signum: int, frame: FrameType | None) -> None:
+    """Do what ``signum`` did before this module handled it."""
     previous = _previous.get(signum)
     if callable(previous):
         previous(signum, frame)

@@ -3,6 +3,11 @@ imports), so forkserver and spawn children import little before their first task
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import time
+
 import snowflake_db
 from snowflake_db import Layout, SnowflakeError
 from snowflake_db.worker import TableWorkerAllocator
@@ -26,3 +31,32 @@ def issue_ids(task: int) -> TaskResult:
         return task, snowflake_db.get_generator().worker_id, ids, None
     except SnowflakeError as error:
         return task, None, [], f"{type(error).__name__}: {error}"
+
+
+def lease_then_wait(marker_dir: str) -> None:
+    """Lease, say so with a file named after this process, then sleep until the pool ends this
+    child (a busy worker when terminated)."""
+    snowflake_db.snowflake_default()
+    with open(os.path.join(marker_dir, str(os.getpid())), "w"):
+        pass
+    time.sleep(120)
+
+
+def lease_then_install_handlers(task: int) -> int | None:
+    """Lease, then opt in to install_signal_handlers() on top of the pool child's own SIGTERM
+    handling (``snowflake_db.install_signal_handlers`` in a task, as some apps do)."""
+    snowflake_db.snowflake_default()
+    with contextlib.suppress(snowflake_db.SignalHandlersError):  # a second task in this child
+        snowflake_db.install_signal_handlers()
+    return snowflake_db.get_generator().worker_id
+
+
+def own_sigterm_handler(marker_dir: str) -> None:
+    """Pool initializer: the application's own SIGTERM handler, which must stay in charge."""
+
+    def handler(signum: int, frame: object) -> None:
+        with open(os.path.join(marker_dir, f"{os.getpid()}.term"), "w"):
+            pass
+        os._exit(5)
+
+    signal.signal(signal.SIGTERM, handler)

@@ -431,4 +431,5 @@ def test_celery_max_tasks_per_child_recycles_processes_without_parking_slots(
         capture_output=True, text=True, timeout=60, check=True,
     )
     # Stopped cleanly: every slot is free again, none parked for the lease length.
-    assert all(slot["state"] == "free" for slot in json.loads(listing.stdout)), listing.stdout
+    assert all(slot["state"] == "free" for slot in json.loads(listing.stdout)), (
+        f"{listing.stdout}\n{output[-3000:]}")

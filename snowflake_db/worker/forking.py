@@ -11,7 +11,8 @@ fork hook, or from the first allocator or generator call in a child forked witho
 
 Pool children (``multiprocessing`` fork and forkserver, billiard: Celery's prefork pool) end
 with ``os._exit``, which skips ``atexit``; a child that takes a lease runs the exit hooks from
-its pool's own exit path instead (:func:`release_at_child_exit`, :mod:`.child_exit`).
+its pool's own exit path instead (:func:`release_at_child_exit`, :mod:`.child_exit`), and on
+SIGTERM, with which ``Pool.terminate()`` ends them (:mod:`snowflake_db.shutdown`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import forks
-from ..shutdown import add_release_hook
+from ..shutdown import add_release_hook, release_on_sigterm_in_pool_child, signals_deferred
 from . import child_exit
 
 #: Per live allocator, weak references to its two hooks (it registers its own methods, so this
@@ -61,7 +62,8 @@ def release_at_child_exit() -> None:
 
     Called whenever a lease is taken, so a recycled pool worker (``maxtasksperchild``, Celery's
     ``--max-tasks-per-child``) frees its slot as it ends rather than parking it for the lease
-    length. Once per process; a no-op outside such children.
+    length, and so does one that ``Pool.terminate()`` ends with SIGTERM (while SIGTERM has its
+    default action). Once per process; a no-op outside such children.
     """
     global _finalizer_pid  # noqa: PLW0603
     pid = os.getpid()
@@ -69,6 +71,7 @@ def release_at_child_exit() -> None:
         return
     if child_exit.via_billiard(_at_exit) or child_exit.via_multiprocessing(_at_exit):
         _finalizer_pid = pid
+        release_on_sigterm_in_pool_child()
 
 
 def _after_fork_in_child(parent_pid: int) -> None:
@@ -78,8 +81,9 @@ def _after_fork_in_child(parent_pid: int) -> None:
 
 def _at_exit() -> None:
     forks.reset_if_forked()  # a child forked without the hooks must not close the parent's pools
-    for _, at_exit in _live():
-        at_exit()
+    with signals_deferred():  # Pool.terminate()'s SIGTERM must not cut a release short
+        for _, at_exit in _live():
+            at_exit()
 
 
 forks.on_fork(_after_fork_in_child)
