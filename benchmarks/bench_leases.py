@@ -32,10 +32,6 @@ import argparse
 import heapq
 import multiprocessing
 import os
-import pwd
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,7 +39,6 @@ import time
 from array import array
 from collections import Counter
 from collections.abc import Iterable
-from contextlib import suppress
 from dataclasses import dataclass, field
 from itertools import pairwise, repeat
 from pathlib import Path
@@ -53,12 +48,14 @@ from bench_worker import scratch_database  # the shared server's scratch databas
 from sqlalchemy import create_engine, text
 
 import snowflake_db
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from example_project.local_servers import DEFAULT_PG_BIN, ThrowawayPostgres
 from snowflake_db import DEFAULT_LAYOUT, SnowflakeError, SnowflakeGenerator
 from snowflake_db.worker import TableLease, TableWorkerAllocator
 
 FORK = multiprocessing.get_context("fork")
 RESUME_TARGET_S = 2.0
-DEFAULT_PG_BIN = "/usr/lib/postgresql/15/bin"
 
 
 # -- one process of the load ---------------------------------------------------------------------
@@ -282,66 +279,6 @@ def ids_of_worker_between(
 # -- databases -----------------------------------------------------------------------------------
 
 
-class ThrowawayPostgres:
-    """A private PostgreSQL cluster in a temporary directory, on a free port (never the
-    shared server): ``initdb``, then ``pg_ctl start``/``stop`` as the postgres user."""
-
-    def __init__(self, pg_bin: str) -> None:
-        self.pg_bin = Path(pg_bin)
-        self.directory = Path(tempfile.mkdtemp(prefix="sfdb-bench-pg-"))
-        self.data = self.directory / "data"
-        self.log = self.directory / "server.log"
-        self.port = _free_port()
-        self._as_postgres = os.geteuid() == 0
-        if self._as_postgres:
-            account = pwd.getpwnam("postgres")
-            os.chown(self.directory, account.pw_uid, account.pw_gid)
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
-
-    @property
-    def url(self) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/bench"
-
-    def _run(self, program: str, *args: str) -> None:
-        command = [str(self.pg_bin / program), *args]
-        if self._as_postgres:
-            command = ["runuser", "-u", "postgres", "--", *command]
-        subprocess.run(command, check=True, capture_output=True, timeout=120)
-
-    def start(self) -> None:
-        options = (
-            f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 "
-            "-c fsync=off -c max_connections=100"
-        )
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
-
-    def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
-
-    def create_bench_database(self) -> None:
-        admin = create_engine(
-            f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres",
-            isolation_level="AUTOCOMMIT",
-        )
-        try:
-            with admin.connect() as connection:
-                connection.execute(text("CREATE DATABASE bench"))
-        finally:
-            admin.dispose()
-
-    def close(self) -> None:
-        if (self.data / "postmaster.pid").exists():
-            with suppress(subprocess.SubprocessError):
-                self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 LEASE_LOG = """
 CREATE TABLE lease_log (
     worker_id integer, lease_token varchar(32), written_at_ms bigint, expires_at_ms bigint
@@ -485,7 +422,8 @@ def outage_phase(args: argparse.Namespace, out: str) -> list[str]:
         f"{after:g} s more), {args.processes} processes x {args.threads} threads, "
         f"{args.lease_seconds:g} s leases; load average before: {load_average()}"
     )
-    server = ThrowawayPostgres(args.pg_bin)
+    server = ThrowawayPostgres(args.pg_bin, name="bench-pg")
+    url = server.url("bench")
     times: dict[str, float] = {}
 
     def cut(started_at: float) -> None:
@@ -499,10 +437,10 @@ def outage_phase(args: argparse.Namespace, out: str) -> list[str]:
 
     try:
         server.start()
-        server.create_bench_database()
-        install_lease_log(server.url)
+        server.create_database("bench")
+        install_lease_log(url)
         results, _ = run_load(
-            server.url,
+            url,
             seconds=seconds,
             processes=args.processes,
             threads=args.threads,
@@ -515,7 +453,7 @@ def outage_phase(args: argparse.Namespace, out: str) -> list[str]:
         # The leases held when the database went away: a renewal written once it was back
         # (it accepts connections just before pg_ctl returns) would move the deadline past
         # the outage and leave nothing to check.
-        deadlines = deadlines_before(server.url, round(times["stopped"] * 1000))
+        deadlines = deadlines_before(url, round(times["stopped"] * 1000))
     finally:
         server.close()
     print(
@@ -582,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outage-before", type=float, default=10.0)
     parser.add_argument("--outage-seconds", type=float, default=10.0)
     parser.add_argument("--outage-after", type=float, default=10.0)
-    parser.add_argument("--pg-bin", default=DEFAULT_PG_BIN, help="initdb and pg_ctl are here")
+    parser.add_argument("--pg-bin", default=str(DEFAULT_PG_BIN), help="initdb and pg_ctl are here")
     parser.add_argument(
         "--stop-heartbeat",
         action="store_true",
