@@ -58,11 +58,11 @@ def install_signal_handlers(
     After a handled signal the table allocators are closed: a process that survives it (its own
     handler returned) cannot lease again.
     """
-    installed = set(_previous) - _automatic
+    installed = [signum for signum in _previous if signum not in _automatic]
     if installed:
         raise SignalHandlersError(
             "snowflake_db.install_signal_handlers() was already called in this process (for "
-            f"{', '.join(signal.Signals(s).name for s in sorted(installed))}); call it once"
+            f"{', '.join(signal.Signals(s).name for s in installed)}); call it once"
         )
     if threading.current_thread() is not threading.main_thread():
         raise SignalHandlersError(
