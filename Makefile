@@ -37,11 +37,10 @@ lint: $(TEST_STAMP)
 	$(BIN)/mypy --strict snowflake_db
 
 # pytest includes README.md (every code block runs) and tests/test_packaging.py (sdist and wheel
-# built offline, the wheel installed into a fresh venv and smoke-tested there). The tests marked
-# `timing` run after the others, one at a time (tests/conftest.py); both passes always run.
+# built offline, the wheel installed into a fresh venv and smoke-tested there). A module's tests
+# marked `timing` run one at a time in one process, first (tests/conftest.py).
 pytest: $(TEST_STAMP) $(SPIDER_PLUGIN)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not timing"; \
-	status=$$?; $(BIN)/python -m pytest -m timing || status=1; exit $$status
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 # MariaDB's Spider plugin for the throwaway Spider servers of tests/test_sharding_spider.py,
 # fetched from Debian's packages and unpacked into .venv/spider (never installed system-wide).
@@ -50,8 +49,7 @@ $(SPIDER_PLUGIN):
 
 # tests/django again under Django 6 on Python 3.12 (builds .venv/django6-py312 once).
 django6: $(TEST_STAMP)
-	bash tests/run_django6.sh -q -n $(DJANGO6_WORKERS) --dist loadgroup -m "not timing"; \
-	status=$$?; bash tests/run_django6.sh -q -m timing || status=1; exit $$status
+	bash tests/run_django6.sh -q -n $(DJANGO6_WORKERS) --dist loadgroup
 
 package-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests/test_packaging.py
