@@ -48,7 +48,7 @@ def test_core_module_imports_only_the_standard_library(module: str) -> None:
 
 
 #: The framework-free sharding modules (``django``/``sqlalchemy`` there only forward old paths).
-SHARDING = ["__init__", "engines", "partitioning", "routing", "rules"]
+SHARDING = ["__init__", "ddl", "ddl_steps", "engines", "partitioning", "routing", "rules"]
 
 
 @pytest.mark.parametrize("module", SHARDING)

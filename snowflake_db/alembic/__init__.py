@@ -5,7 +5,9 @@ Registers ``op.create_snowflake_worker_tables``, ``op.drop_snowflake_worker_tabl
 ``op.convert_to_snowflake_pk``, ``op.revert_snowflake_pk``, ``op.create_snowflake_id_function``,
 ``op.drop_snowflake_id_function`` and, for PostgreSQL partitioned order tables,
 ``op.create_shard_partitioned_table``, ``op.create_time_partitioned_table`` and
-``op.add_next_time_partition`` (see :mod:`snowflake_db.alembic.operations`).
+``op.add_next_time_partition``, and for order tables sharded by an engine (postgres_fdw,
+Spider) ``op.create_sharded_orders`` and ``op.drop_sharded_orders`` (see
+:mod:`snowflake_db.alembic.operations`).
 """
 
 from ..errors import SnowflakeMigrationError
@@ -13,11 +15,13 @@ from .autogenerate import include_object, process_revision_directives
 from .operations import (
     AddNextTimePartitionOp,
     ConvertToSnowflakePkOp,
+    CreateShardedOrdersOp,
     CreateShardPartitionedTableOp,
     CreateSnowflakeIdFunctionOp,
     CreateSnowflakeWorkerLayoutTableOp,
     CreateSnowflakeWorkerTablesOp,
     CreateTimePartitionedTableOp,
+    DropShardedOrdersOp,
     DropSnowflakeIdFunctionOp,
     DropSnowflakeWorkerLayoutTableOp,
     DropSnowflakeWorkerTablesOp,
@@ -28,10 +32,12 @@ __all__ = [
     "AddNextTimePartitionOp",
     "ConvertToSnowflakePkOp",
     "CreateShardPartitionedTableOp",
+    "CreateShardedOrdersOp",
     "CreateSnowflakeIdFunctionOp",
     "CreateSnowflakeWorkerLayoutTableOp",
     "CreateSnowflakeWorkerTablesOp",
     "CreateTimePartitionedTableOp",
+    "DropShardedOrdersOp",
     "DropSnowflakeIdFunctionOp",
     "DropSnowflakeWorkerLayoutTableOp",
     "DropSnowflakeWorkerTablesOp",

@@ -3,7 +3,8 @@
 ``migrations.RunSQL`` would freeze the partitions' SQL at the time the migration is written;
 these operations compute it from the layout when the migration runs, and skip databases that are
 not PostgreSQL or that the routers keep the model off (like ``RunSQL`` with ``hints``). The DDL
-is :mod:`snowflake_db.sharding.partitioning`'s.
+is :mod:`snowflake_db.sharding.partitioning`'s. ``CreateShardedOrders`` (postgres_fdw shards,
+Spider) lives in :mod:`snowflake_db.django.sharded_orders`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,14 @@ from django.db.migrations.operations.base import Operation
 
 from ..layout import Layout
 from ..sharding import partitioning
+from .sharded_orders import CreateShardedOrders
 
-__all__ = ["AddTimePartitions", "CreateShardPartitionedTable", "CreateTimePartitionedTable"]
+__all__ = [
+    "AddTimePartitions",
+    "CreateShardPartitionedTable",
+    "CreateShardedOrders",
+    "CreateTimePartitionedTable",
+]
 
 
 def _layout(layout: dict[str, Any] | Layout) -> Layout:

@@ -11,6 +11,8 @@ Importing :mod:`snowflake_db.alembic` (in ``env.py``) registers:
   :mod:`.id_function`)
 * ``op.create_shard_partitioned_table(...)``, ``op.create_time_partitioned_table(...)``,
   ``op.add_next_time_partition(...)`` (PostgreSQL, :mod:`.partitions`)
+* ``op.create_sharded_orders(engine, shards)`` / ``op.drop_sharded_orders(...)``
+  (postgres_fdw shards, local hash partitions or MariaDB Spider, :mod:`.sharded_orders`)
 
 Each operation is a dataclass of its arguments (:mod:`._base`), which gives its constructor,
 its ``op.<name>`` method and its autogenerate renderer (the renderers also add
@@ -25,6 +27,7 @@ from .partitions import (
     CreateTimePartitionedTableOp,
 )
 from .primary_keys import ConvertToSnowflakePkOp, RevertSnowflakePkOp
+from .sharded_orders import CreateShardedOrdersOp, DropShardedOrdersOp
 from .worker_tables import (
     CreateSnowflakeWorkerLayoutTableOp,
     CreateSnowflakeWorkerTablesOp,
@@ -36,10 +39,12 @@ __all__ = [
     "AddNextTimePartitionOp",
     "ConvertToSnowflakePkOp",
     "CreateShardPartitionedTableOp",
+    "CreateShardedOrdersOp",
     "CreateSnowflakeIdFunctionOp",
     "CreateSnowflakeWorkerLayoutTableOp",
     "CreateSnowflakeWorkerTablesOp",
     "CreateTimePartitionedTableOp",
+    "DropShardedOrdersOp",
     "DropSnowflakeIdFunctionOp",
     "DropSnowflakeWorkerLayoutTableOp",
     "DropSnowflakeWorkerTablesOp",
