@@ -4,13 +4,13 @@ Three engines, each with its drop (reverse) statements (:mod:`.ddl_steps` orders
 migration steps):
 
 * ``"postgresql-fdw"`` -- a coordinator table ``PARTITION BY HASH (customer_id)`` whose
-  partitions are postgres_fdw foreign tables, one per shard server (:func:`postgres_shard_sql`
-  runs on shard ``i``, :func:`postgres_coordinator_sql` and :func:`postgres_user_mappings_sql`
-  on the coordinator).
+  partitions are postgres_fdw foreign tables, one per shard server
+  (:func:`postgres_shard_sql` runs on shard ``i``, :func:`postgres_coordinator_sql` and
+  :func:`postgres_user_mappings_secret_sql` on the coordinator).
 * ``"postgresql-local"`` -- the same partitioned tables with local partitions on one server
   (:func:`postgres_local_sql`).
 * ``"spider"`` -- MariaDB backend tables (:func:`spider_backend_sql` on backend ``i``),
-  ``CREATE SERVER`` entries (:func:`spider_servers_sql`) and the Spider tables
+  ``CREATE SERVER`` entries (:func:`spider_servers_secret_sql`) and the Spider tables
   ``PARTITION BY KEY (customer_id)`` on the front server (:func:`spider_tables_sql`).
 
 Placement: shard or backend ``i`` owns ``REMAINDER i`` of ``MODULUS n`` (PostgreSQL) and
@@ -217,13 +217,14 @@ def postgres_shard_sql(index: int, shards: int, tables: OrderTables | None = Non
 def postgres_coordinator_sql(servers: Sequence[ShardServer],
                              tables: OrderTables | None = None) -> list[str]:
     """postgres_fdw, one ``CREATE SERVER`` per shard, and the partitioned tables whose
-    partition ``i`` is a foreign table on shard ``i`` (run :func:`postgres_user_mappings_sql`
+    partition ``i`` is a foreign table on shard ``i`` (run :func:`postgres_user_mappings_secret_sql`
     too).
 
     No primary key or unique index on the parents: PostgreSQL cannot build one over foreign
-    partitions ("cannot create unique index on partitioned table ... contains partitions that
-    are foreign tables"). Keys stay unique by construction -- Snowflake IDs never repeat, each
-    customer lives on one shard -- and each shard enforces ``PRIMARY KEY (customer_id, id)``.
+    partitions ("cannot create unique index on partitioned table": it "contains partitions that
+    are foreign tables", whose rows it cannot index). Keys stay unique by construction --
+    Snowflake IDs never repeat, each customer lives on one shard -- and each shard enforces
+    ``PRIMARY KEY (customer_id, id)``.
     """
     tables = tables or OrderTables()
     modulus = _count(len(servers), POSTGRES_MAX_MODULUS, "shards")
@@ -251,6 +252,11 @@ def postgres_coordinator_sql(servers: Sequence[ShardServer],
     return statements
 
 
+def _shown_secret(server: ShardServer) -> str:
+    """What a redacted statement shows for the password: a mask, or nothing without one."""
+    return _REDACTED if server.password or server.password_env else ""
+
+
 def _role(role: str) -> str:
     if role.upper() in ("CURRENT_USER", "PUBLIC", "SESSION_USER", "CURRENT_ROLE"):
         return role.upper()
@@ -267,7 +273,7 @@ def postgres_user_mappings_secret_sql(
     statements = []
     for index, server in enumerate(servers):
         options = [f"user {_literal(server.user, backslashes=False)}"]
-        secret = _REDACTED if redacted else server.secret()
+        secret = _shown_secret(server) if redacted else server.secret()
         if secret:
             options.append(f"password {_literal(secret, backslashes=False)}")
         statements.append(
@@ -341,7 +347,7 @@ def spider_servers_secret_sql(backends: Sequence[ShardServer], tables: OrderTabl
     tables.check(count, MARIADB_MAX_IDENTIFIER)
     statements = []
     for index, backend in enumerate(backends):
-        secret = _REDACTED if redacted else backend.secret()
+        secret = _shown_secret(backend) if redacted else backend.secret()
         options = ", ".join(
             f"{key} {_literal(value, backslashes=True)}"
             for key, value in (("HOST", backend.host), ("DATABASE", backend.dbname),
