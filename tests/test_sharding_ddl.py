@@ -316,6 +316,19 @@ def test_drop_steps_undo_create_steps_in_reverse_order() -> None:
                                 "postgresql-local": "postgresql-hash", "spider": "mariadb-key"}
 
 
+def test_a_django_migration_loads_without_its_password_variable_set() -> None:
+    # manage.py loads every migration for every command; only running this one needs the secret.
+    from snowflake_db.django.sharded_orders import CreateShardedOrders
+
+    server = d.ShardServer("127.0.0.1", 5432, "shop", "app", password_env="SFDB_NOT_SET_ANYWHERE")
+    operation = CreateShardedOrders("postgresql-fdw", [server, server.as_dict()])
+    assert operation.deconstruct()[1][1][1] == server.as_dict()
+    with pytest.raises(InvalidArgumentError, match="SFDB_NOT_SET_ANYWHERE"):
+        create_steps("postgresql-fdw", operation.shards)
+    with pytest.raises(InvalidArgumentError, match="unknown engine 'vitess'"):
+        CreateShardedOrders("vitess", [server])
+
+
 # -- Alembic -----------------------------------------------------------------------------------
 
 ALEMBIC_UP = """

@@ -50,7 +50,9 @@ class CreateShardedOrders(Operation):
         self.tables = OrderTables(orders, items, server_prefix)
         self.role = role
         self.hints = hints or {}
-        create_steps(engine, self.shards, self.tables, role=role)  # validate now, not mid-migrate
+        # Validate now, not mid-migrate; the drop carries no password, so loading the migration
+        # (every manage.py command does) never needs a password_env variable set.
+        drop_steps(engine, self.shards, self.tables, role=role)
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
         shards = self.shards if isinstance(self.shards, int) else [
