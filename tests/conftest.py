@@ -33,3 +33,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("timing") is not None:
             item.add_marker(pytest.mark.xdist_group(f"timing-{item.nodeid.split('::')[0]}"))
     items.sort(key=lambda item: item.get_closest_marker("timing") is None)
+
+
+#: Why the tests must not run here (set when --dist loadgroup ignores the groups).
+_refusal: list[str] = []
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist marked the groups in the node IDs
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Refuse to run when --dist loadgroup silently ignores the groups (pytest 9.2 with
+    pytest-xdist 3.8, pytest-dev/pytest-xdist#1386): a group's tests would then run at once in
+    several processes, beside each other's load and servers. Every test fails saying so."""
+    if not session.config.getoption("loadgroup", default=False):
+        return
+    ungrouped = [
+        item.nodeid for item in session.items
+        if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid
+    ]
+    if ungrouped:
+        _refusal.append(
+            f"--dist loadgroup ignores xdist_group here ({len(ungrouped)} tests, e.g. "
+            f"{ungrouped[0]}): pytest {pytest.__version__} with this pytest-xdist does not "
+            "group tests (pytest-dev/pytest-xdist#1386); install the versions pyproject.toml "
+            "pins (make test does)"
+        )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _refusal:
+        pytest.fail(_refusal[0], pytrace=False)
