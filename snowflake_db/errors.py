@@ -183,3 +183,39 @@ class MissingExtraError(SnowflakeError, ImportError):
             f"pip install 'snowflake-db[{extra}]'",
             name=package,
         )
+
+
+# -- bulk loads -------------------------------------------------------------------------------
+
+
+class BulkLoadError(SnowflakeError):
+    """A bulk load (:mod:`snowflake_db.bulk`) cannot be done as asked; nothing was loaded."""
+
+
+class UnrepresentableValueError(BulkLoadError, InvalidArgumentError):
+    """A value the target column cannot hold exactly (NUL in PostgreSQL text, a naive
+    ``datetime`` for a time-zone-aware column, NaN for MariaDB, ...).
+
+    ``column``, ``row`` (0-based position in the load) and ``value`` name it; nothing was loaded.
+    """
+
+    def __init__(self, message: str, *, column: str, row: int, value: object) -> None:
+        self.column = column
+        self.row = row
+        self.value = value
+        super().__init__(message)
+
+
+class LocalInfileRefusedError(BulkLoadError):
+    """``LOAD DATA LOCAL INFILE`` was required but the server or the client refuses local
+    files; the message says which side and how to allow it (or use ``method="insert"``)."""
+
+
+class BulkLoadRejectedError(BulkLoadError):
+    """The database loaded fewer rows than given or changed values on the way
+    (``LOAD DATA LOCAL`` turns duplicate keys and truncation into warnings); the load was
+    rolled back. ``warnings`` holds the server's ``(level, code, message)`` rows."""
+
+    def __init__(self, message: str, warnings: list[tuple[str, int, str]]) -> None:
+        self.warnings = warnings
+        super().__init__(message)

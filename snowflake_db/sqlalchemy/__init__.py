@@ -9,6 +9,8 @@ set the keys of new objects at flush so that it can send their INSERTs as one ex
 (imported on its own: it loads SQLAlchemy's horizontal sharding extension).
 """
 
+from typing import Any
+
 from ..process import snowflake_default
 from .checks import NarrowColumn, narrow_snowflake_columns, require_wide_snowflake_columns
 from .columns import (
@@ -36,6 +38,8 @@ __all__ = [
     "SnowflakeDefault",
     "assign_ids_on_init",
     "bind_generator",
+    "bulk_load",
+    "bulk_load_with_children",
     "engine_url",
     "generator_for",
     "is_snowflake_column",
@@ -52,3 +56,15 @@ __all__ = [
 ]
 
 install_flush_hook()
+
+_BULK = ("bulk_load", "bulk_load_with_children")
+
+
+def __getattr__(name: str) -> Any:
+    """``bulk_load`` and ``bulk_load_with_children`` live in :mod:`snowflake_db.bulk.sqlalchemy`
+    (which imports this package): loaded on first use, so neither import needs the other's end."""
+    if name in _BULK:
+        from ..bulk import sqlalchemy as bulk
+
+        return getattr(bulk, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,52 @@
+"""One entry point for every backend: pick the loader by the connection's vendor."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import BulkLoadError
+from .table import BulkTable
+
+__all__ = ["VENDORS", "load_rows"]
+
+VENDORS = ("postgresql", "mariadb", "mysql", "sqlite")
+
+
+def load_rows(
+    dbapi_connection: Any,
+    vendor: str,
+    table: BulkTable,
+    rows: Sequence[Sequence[Any]],
+    *,
+    mariadb_method: str = "auto",
+) -> str:
+    """Write ``rows`` (lists in ``table.columns`` order, keys already filled) in the
+    connection's open transaction; returns the method used (``"copy"``, ``"load_data"``,
+    ``"insert"``, ``"executemany"``).
+
+    The caller owns the transaction and should wrap the load in a savepoint: on MariaDB a
+    rejected ``LOAD DATA`` raises after the server kept some rows.
+    """
+    if not rows:
+        return "none"
+    if vendor == "postgresql":
+        from .postgres import copy_rows
+
+        if getattr(dbapi_connection, "pgconn", None) is None:  # psycopg 3 only
+            raise BulkLoadError(
+                f"a bulk load on PostgreSQL needs psycopg 3 (cursor.copy); got "
+                f"{type(dbapi_connection).__module__}.{type(dbapi_connection).__name__}"
+            )
+        copy_rows(dbapi_connection, table, rows)
+        return "copy"
+    if vendor in ("mariadb", "mysql"):
+        from .mariadb import load_rows as load_mariadb
+
+        return load_mariadb(dbapi_connection, table, rows, mariadb_method)
+    if vendor == "sqlite":
+        from .sqlite import insert_rows
+
+        insert_rows(dbapi_connection, table, rows)
+        return "executemany"
+    raise BulkLoadError(f"no bulk loader for {vendor!r}; supported: {VENDORS}")

@@ -1,0 +1,88 @@
+"""What a bulk load writes: a table's name, its columns in order, and which one is the key.
+
+The loaders take rows as lists in column order; :func:`fill_keys` gives every row without a
+key its Snowflake ID with one ``next_ids`` call, before anything is sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidArgumentError
+
+__all__ = ["BulkTable", "fill_keys", "rows_as_lists"]
+
+
+@dataclass(frozen=True)
+class BulkTable:
+    """``name`` (optionally ``schema``), the ``columns`` each row gives in this order, and
+    ``key``: the column filled with Snowflake IDs where a row has ``None`` (or no key)."""
+
+    name: str
+    columns: tuple[str, ...]
+    key: str | None = None
+    schema: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise InvalidArgumentError("a bulk load needs a table name")
+        if not self.columns:
+            raise InvalidArgumentError(f"a bulk load into {self.name!r} needs at least one column")
+        if len(set(self.columns)) != len(self.columns):
+            raise InvalidArgumentError(f"columns of {self.name!r} repeat: {self.columns!r}")
+        if self.key is not None and self.key not in self.columns:
+            raise InvalidArgumentError(
+                f"key column {self.key!r} is not among the columns {self.columns!r}"
+            )
+
+    @property
+    def key_index(self) -> int | None:
+        return None if self.key is None else self.columns.index(self.key)
+
+    @property
+    def label(self) -> str:
+        return f"{self.schema}.{self.name}" if self.schema else self.name
+
+
+def rows_as_lists(
+    table: BulkTable, rows: Iterable[Mapping[str, Any] | Sequence[Any]]
+) -> list[list[Any]]:
+    """Rows as lists in ``table.columns`` order: mappings by name (a missing key column is
+    ``None``; any other missing or unknown column is an error), sequences as given."""
+    columns = table.columns
+    known = frozenset(columns)
+    out: list[list[Any]] = []
+    for number, row in enumerate(rows):
+        if isinstance(row, Mapping):
+            if row.keys() - known:
+                raise InvalidArgumentError(
+                    f"row {number} of {table.label} has columns {sorted(row.keys() - known)} "
+                    f"that are not among {list(columns)}"
+                )
+            try:
+                out.append([row[c] if c in row or c != table.key else None for c in columns])
+            except KeyError as missing:
+                raise InvalidArgumentError(
+                    f"row {number} of {table.label} lacks column {missing.args[0]!r}"
+                ) from None
+        else:
+            values = list(row)
+            if len(values) != len(columns):
+                raise InvalidArgumentError(
+                    f"row {number} of {table.label} has {len(values)} values for "
+                    f"{len(columns)} columns {list(columns)}"
+                )
+            out.append(values)
+    return out
+
+
+def fill_keys(rows: list[list[Any]], index: int, issue: Callable[[int], list[int]]) -> int:
+    """Put a new ID into column ``index`` of every row where it is ``None``, all from one
+    ``issue(n)`` call (``generator.next_ids``); returns how many were made."""
+    waiting = [row for row in rows if row[index] is None]
+    if waiting:
+        for row, key in zip(waiting, issue(len(waiting)), strict=True):
+            row[index] = key
+    return len(waiting)

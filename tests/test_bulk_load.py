@@ -1,0 +1,269 @@
+"""Bulk loads through SQLAlchemy on real PostgreSQL, MariaDB and SQLite: keys made in one
+``next_ids`` call, rows in the caller's transaction, all-or-nothing on failure."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    func,
+    select,
+)
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+
+import snowflake_db
+from snowflake_db.errors import (
+    BulkLoadRejectedError,
+    LocalInfileRefusedError,
+    UnrepresentableValueError,
+)
+from snowflake_db.sqlalchemy import (
+    bind_generator,
+    bulk_load,
+    bulk_load_with_children,
+    snowflake_column,
+    snowflake_fk_column,
+    snowflake_fk_mapped_column,
+    snowflake_mapped_column,
+    unbind_generator,
+)
+from tests.plugins.databases import ScratchDatabase
+
+WORKER_ID = 21
+UTC = dt.UTC
+
+meta = MetaData()
+orders = Table(
+    "bulk_orders", meta, snowflake_column("id"),
+    Column("customer_id", BigInteger, nullable=False),
+    Column("total_cents", Integer, nullable=False),
+    Column("note", Text),
+    Column("placed_at", DateTime(timezone=True)),
+)
+items = Table(
+    "bulk_items", meta, snowflake_column("id"),
+    snowflake_fk_column("bulk_orders.id", "order_id", nullable=False),
+    Column("sku", String(20), nullable=False),
+    Column("quantity", Integer, nullable=False),
+)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Order(Base):
+    __tablename__ = "bulk_orm_orders"
+    id: Mapped[int] = snowflake_mapped_column()
+    customer_id: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(10), default="new")
+    items: Mapped[list[Item]] = relationship(back_populates="order")
+
+
+class Item(Base):
+    __tablename__ = "bulk_orm_items"
+    id: Mapped[int] = snowflake_mapped_column()
+    order_id: Mapped[int] = snowflake_fk_mapped_column("bulk_orm_orders.id")
+    sku: Mapped[str] = mapped_column(String(20))
+    order: Mapped[Order] = relationship(back_populates="items")
+
+
+class CountingGenerator(snowflake_db.SnowflakeGenerator):
+    def __init__(self, worker_id: int) -> None:
+        super().__init__(worker_id)
+        self.batches: list[int] = []
+
+    def next_ids(self, n: int) -> list[int]:
+        self.batches.append(n)
+        return super().next_ids(n)
+
+
+@pytest.fixture(autouse=True)
+def configured() -> Iterator[None]:
+    snowflake_db.configure(worker_id=WORKER_ID)
+    yield
+    snowflake_db.reset()
+
+
+def _engine(db: ScratchDatabase, **connect_args: Any) -> Iterator[Engine]:
+    engine = create_engine(db.url, connect_args=connect_args)
+    meta.create_all(engine)
+    Base.metadata.create_all(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(params=["postgresql", "mariadb", "sqlite"])
+def engine(request: pytest.FixtureRequest, database_factory: Any) -> Iterator[Engine]:
+    db = database_factory(request.param)
+    extra = {"local_infile": True} if request.param == "mariadb" else {}
+    yield from _engine(db, **extra)
+
+
+def _count(connection: Connection, table: Table) -> int:
+    return int(connection.execute(select(func.count()).select_from(table)).scalar_one())
+
+
+def _order_rows(n: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "customer_id": 1000 + i % 7, "total_cents": i * 3,
+            "note": f"line\t{i}\nwith \\ and 'quotes\"",
+            "placed_at": dt.datetime(2026, 1, 1, tzinfo=UTC),
+        }
+        for i in range(n)
+    ]
+
+
+def test_keys_come_from_one_next_ids_call_and_rows_land(engine: Engine) -> None:
+    generator = CountingGenerator(WORKER_ID)
+    bind_generator(generator, table=orders)
+    try:
+        rows = _order_rows(1500)
+        rows[3]["id"] = 5  # a key the caller gave is kept
+        with engine.begin() as connection:
+            keys = bulk_load(connection, orders, rows)
+        assert generator.batches == [1499]
+        assert keys[3] == 5 and len(set(keys)) == 1500
+        made = [key for i, key in enumerate(keys) if i != 3]
+        assert made == sorted(made)
+        assert {snowflake_db.Layout().decode(k).worker_id for k in made} == {WORKER_ID}
+        assert "id" not in rows[0]  # the caller's dicts are not changed
+        with engine.connect() as connection:
+            back = {r.id: r for r in connection.execute(select(orders))}
+        assert back.keys() == set(keys)
+        for key, row in zip(keys, rows, strict=True):
+            got = back[key]
+            assert (got.customer_id, got.total_cents, got.note) == (
+                row["customer_id"], row["total_cents"], row["note"],
+            )
+            placed = got.placed_at if got.placed_at.tzinfo else got.placed_at.replace(tzinfo=UTC)
+            assert placed == row["placed_at"]
+    finally:
+        unbind_generator(table=orders)
+
+
+def test_joins_the_callers_transaction(engine: Engine) -> None:
+    with engine.connect() as connection:
+        bulk_load(connection, orders, _order_rows(10))
+        assert _count(connection, orders) == 10
+        connection.rollback()
+        assert _count(connection, orders) == 0
+        bulk_load(connection, orders, _order_rows(10))
+        connection.commit()
+    with engine.connect() as connection:
+        assert _count(connection, orders) == 10
+
+
+def test_a_duplicate_key_fails_the_whole_load_and_the_transaction_goes_on(engine: Engine) -> None:
+    with engine.connect() as connection:
+        [existing] = bulk_load(connection, orders, _order_rows(1))
+        rows = _order_rows(500)
+        rows[250]["id"] = existing
+        with pytest.raises((IntegrityError, BulkLoadRejectedError)) as caught:
+            bulk_load(connection, orders, rows)
+        assert any(word in str(caught.value) for word in (str(existing), "uplicate", "UNIQUE"))
+        assert _count(connection, orders) == 1  # none of the 500, the first load kept
+        connection.commit()
+    with engine.connect() as connection:
+        assert _count(connection, orders) == 1
+
+
+def test_parents_and_children_in_one_pass_all_or_nothing(engine: Engine) -> None:
+    families = [(row, [{"sku": f"s{i}-{j}", "quantity": j + 1} for j in range(3)])
+                for i, row in enumerate(_order_rows(200))]
+    with engine.connect() as connection:
+        keys = bulk_load_with_children(connection, orders, items, families,
+                                       parent_column="order_id")
+        connection.commit()
+        pairs = connection.execute(select(items.c.order_id, items.c.sku)).all()
+    assert len(pairs) == 600
+    by_sku = dict((sku, order_id) for order_id, sku in pairs)
+    assert all(by_sku[f"s{i}-{j}"] == keys[i] for i in range(200) for j in range(3))
+    # A child that cannot be written (NULL in a NOT NULL column) takes its parents with it.
+    families = [(row, [{"sku": "x", "quantity": None if i == 150 else 1}])
+                for i, row in enumerate(_order_rows(200))]
+    with engine.connect() as connection:
+        with pytest.raises((IntegrityError, BulkLoadRejectedError)):
+            bulk_load_with_children(connection, orders, items, families,
+                                    parent_column="order_id")
+        assert (_count(connection, orders), _count(connection, items)) == (200, 600)
+
+
+def test_orm_objects_get_their_keys_and_defaults(engine: Engine) -> None:
+    objects = [Order(customer_id=i) for i in range(50)]
+    family = [(Order(customer_id=7), [Item(sku="a"), Item(sku="b")])]
+    with Session(engine) as session:
+        keys = bulk_load(session, Order, objects)
+        [parent_key] = bulk_load_with_children(session, Order, Item, family,
+                                               parent_column="order_id")
+        session.commit()
+        assert [o.id for o in objects] == keys
+        assert family[0][1][0].order_id == parent_key == family[0][0].id
+        assert all(item.id is not None for item in family[0][1])
+        statuses = set(session.scalars(select(Order.status)))
+        assert statuses == {"new"}
+        assert session.scalar(select(func.count()).select_from(Item)) == 2
+
+
+def test_nul_in_postgresql_text_is_refused_by_name(postgres_db: ScratchDatabase) -> None:
+    for engine in _engine(postgres_db):
+        rows = _order_rows(30)
+        rows[17]["note"] = "a\x00b"
+        with engine.connect() as connection:
+            with pytest.raises(UnrepresentableValueError) as caught:
+                bulk_load(connection, orders, rows)
+            assert (caught.value.column, caught.value.row, caught.value.value) == (
+                "note", 17, "a\x00b",
+            )
+            assert "bulk_orders.note, row 17" in str(caught.value)
+            assert _count(connection, orders) == 0
+
+
+def test_naive_time_for_a_zoned_column_is_refused(postgres_db: ScratchDatabase) -> None:
+    # (MariaDB's DATETIME has no zone: aware values are written in UTC, naive ones as given.)
+    for engine in _engine(postgres_db):
+        rows = _order_rows(5)
+        rows[2]["placed_at"] = dt.datetime(2026, 1, 1)
+        with engine.connect() as connection, pytest.raises(UnrepresentableValueError) as caught:
+            bulk_load(connection, orders, rows)
+        assert caught.value.column == "placed_at" and caught.value.row == 2
+        assert "naive" in str(caught.value)
+
+
+def test_mariadb_load_data_turns_duplicates_into_a_rejected_load(
+    mariadb_db: ScratchDatabase,
+) -> None:
+    for engine in _engine(mariadb_db, local_infile=True):
+        with engine.connect() as connection:
+            [existing] = bulk_load(connection, orders, _order_rows(1))
+            rows = _order_rows(100)
+            rows[40]["id"] = existing
+            with pytest.raises(BulkLoadRejectedError) as caught:
+                bulk_load(connection, orders, rows, mariadb_method="load_data")
+            assert any(code == 1062 for _, code, _ in caught.value.warnings)
+            assert "took 99 of 100 rows" in str(caught.value)
+            assert _count(connection, orders) == 1
+
+
+def test_mariadb_without_local_infile(mariadb_db: ScratchDatabase) -> None:
+    for engine in _engine(mariadb_db):  # the driver's default: no local files
+        with engine.connect() as connection:
+            with pytest.raises(LocalInfileRefusedError, match="local_infile=True"):
+                bulk_load(connection, orders, _order_rows(3), mariadb_method="load_data")
+            keys = bulk_load(connection, orders, _order_rows(3000))  # auto: multi-row INSERTs
+            assert _count(connection, orders) == len(set(keys)) == 3000
