@@ -24,6 +24,12 @@ SHOP_LAYOUT = Layout(time_bits=41, worker_bits=10, sequence_bits=8, shard_bits=4
 
 CONTROL_URL_ENV = "SHOP_CONTROL_URL"
 SHARD_URLS_ENV = "SHOP_SHARD_URLS"  # comma- or space-separated
+COORDINATOR_URL_ENV = "SHOP_COORDINATOR_URL"
+#: ``--engine`` values: the distributed engines the SQLAlchemy shop runs on, and the SQL
+#: dialect of their coordinator (Spider front) and shard (backend) URLs.
+ENGINE_DIALECTS = {"postgresql-fdw": "postgresql", "spider": "mysql"}
+#: Throwaway servers the demo starts itself: at most this many shards (give URLs for more).
+MAX_LOCAL_SHARDS = 8
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA_DIR = HERE / "var"
 #: Written into every SQLite directory the demo makes: only such a directory is ever cleared.
@@ -46,6 +52,12 @@ class Options:
     find: list[str] = field(default_factory=list)
     shard: int | None = None
     quiet: bool = False
+    #: ``--engine``: ``None`` (sharded by the application) or a key of :data:`ENGINE_DIALECTS`.
+    engine: str | None = None
+    #: The coordinator (Spider front) with ``--engine``; empty: start throwaway servers.
+    coordinator_url: str = ""
+    #: How many shards the throwaway servers have (``--shards``), with ``--engine`` and no URL.
+    local_shards: int = 0
 
     @property
     def shard_names(self) -> list[str]:
@@ -60,9 +72,23 @@ class Options:
 
 
 def parse_options(
-    argv: Sequence[str] | None, prog: str, description: str, *, data_subdir: str
+    argv: Sequence[str] | None, prog: str, description: str, *, data_subdir: str,
+    engines: bool = False,
 ) -> Options:
+    """The demo's options; ``engines`` adds ``--engine`` and ``--coordinator-url``."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
+    if engines:
+        parser.add_argument(
+            "--engine", choices=list(ENGINE_DIALECTS), default=None,
+            help="place orders through a distributed engine: a PostgreSQL coordinator with "
+                 "postgres_fdw shards, or a MariaDB Spider front; without URLs the demo starts "
+                 "throwaway local servers (stopped at the end)",
+        )
+        parser.add_argument(
+            "--coordinator-url",
+            help=f"with --engine: the coordinator or Spider front (env {COORDINATOR_URL_ENV}); "
+                 "--shard-url then names each shard (backend) server",
+        )
     parser.add_argument("--control-url",
                         help=f"database holding the worker table (env {CONTROL_URL_ENV})")
     parser.add_argument(
@@ -85,6 +111,10 @@ def parse_options(
     shards = list(args.shard_url)
     if not shards and os.environ.get(SHARD_URLS_ENV, "").strip():
         shards = os.environ[SHARD_URLS_ENV].replace(",", " ").split()
+    if getattr(args, "engine", None):
+        return _engine_options(args, control, shards)
+    if getattr(args, "coordinator_url", None):
+        raise BadInputError("--coordinator-url needs --engine")
     if bool(control) != bool(shards):
         raise BadInputError(
             "give both --control-url and at least one --shard-url (or neither, for SQLite)"
@@ -103,6 +133,50 @@ def parse_options(
             raise BadInputError(f"--{name}={value}: must be at least {minimum}")
     return Options(control, shards, args.processes, args.orders, args.customers,
                    args.find, args.shard, args.quiet)
+
+
+def _engine_options(args: argparse.Namespace, control: str, shards: list[str]) -> Options:
+    """``--engine``: all three of control, coordinator and shard URLs, or none of them."""
+    engine = args.engine
+    for name, given in (("--data-dir", args.data_dir is not None), ("--find", args.find),
+                        ("--shard", args.shard is not None)):
+        if given:
+            raise BadInputError(f"{name} is not available with --engine")
+    coordinator = args.coordinator_url or os.environ.get(COORDINATOR_URL_ENV, "").strip()
+    given = [bool(control), bool(coordinator), bool(shards)]
+    if any(given) and not all(given):
+        raise BadInputError(
+            "with --engine give --control-url, --coordinator-url and at least one --shard-url "
+            "(or none of them, to start throwaway local servers)"
+        )
+    local_shards = 0
+    if not coordinator:
+        local_shards = args.shards
+        if not 1 <= local_shards <= MAX_LOCAL_SHARDS:
+            raise BadInputError(
+                f"--shards={local_shards}: throwaway servers take 1 to {MAX_LOCAL_SHARDS} shards "
+                "(give --shard-url for more)"
+            )
+    else:
+        control = normalise_url(control, "--control-url")
+        dialect = ENGINE_DIALECTS[engine]
+        coordinator = normalise_url(coordinator, "--coordinator-url")
+        shards = [normalise_url(url, "--shard-url") for url in shards]
+        for option, url in [("--coordinator-url", coordinator)] + [
+                ("--shard-url", url) for url in shards]:
+            backend = url.split(":", 1)[0].split("+", 1)[0]
+            if (backend if backend != "mariadb" else "mysql") != dialect:
+                raise BadInputError(
+                    f"{option} {display_url(url)}: --engine {engine} runs on {dialect}, "
+                    f"not {backend}"
+                )
+    for name, value in (("processes", args.processes), ("orders", args.orders),
+                        ("customers", args.customers)):
+        if value < 1:
+            raise BadInputError(f"--{name}={value}: must be at least 1")
+    return Options(control, shards, args.processes, args.orders, args.customers,
+                   quiet=args.quiet, engine=engine, coordinator_url=coordinator,
+                   local_shards=local_shards)
 
 
 def prepare_data_dir(data_dir: Path | None, subdir: str) -> Path:

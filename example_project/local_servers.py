@@ -12,8 +12,9 @@ touched.
 * :class:`ThrowawayMariaDB` -- ``mariadb-install-db`` + ``mariadbd`` with its own ``--tmpdir``
   too: a starting mariadbd deletes every ``#sql*`` file in its tmpdir as left over from a crash,
   so with the default ``/tmp`` it deleted the live temporary tables of the shared server.
-  :func:`spider_server` starts one with MariaDB's Spider engine loaded from
-  :func:`find_spider_plugin` (``tests/fetch_spider_plugin.sh`` unpacks the plugin into
+  :func:`mariadb_servers` starts several from one install. :func:`spider_server` starts one with
+  MariaDB's Spider engine loaded from :func:`find_spider_plugin`, :func:`spider_servers` a Spider
+  front and its backend servers (``tests/fetch_spider_plugin.sh`` unpacks the plugin into
   ``.venv/spider``; installing ``mariadb-plugin-spider`` system-wide would reconfigure the shared
   server).
 
@@ -257,7 +258,8 @@ class ThrowawayMariaDB:
     host = "127.0.0.1"
     user = "root"
 
-    def __init__(self, *, plugin_dir: Path | None = None, name: str = "mariadb") -> None:
+    def __init__(self, *, plugin_dir: Path | None = None, name: str = "mariadb",
+                 template: Path | None = None) -> None:
         if not shutil.which("mariadbd") or not shutil.which("mariadb-install-db"):
             raise ServerUnavailableError(
                 "mariadbd and mariadb-install-db are needed to start a throwaway MariaDB server"
@@ -278,19 +280,27 @@ class ThrowawayMariaDB:
                 self.directory.chmod(0o755)
                 for directory in (self.directory, self.data, self.tmp):
                     shutil.chown(directory, "mysql", "mysql")
-            installed = subprocess.run(
-                ["mariadb-install-db", "--no-defaults", f"--datadir={self.data}", *self._user,
-                 f"--tmpdir={self.tmp}", "--auth-root-authentication-method=normal",
-                 "--skip-test-db"],
-                check=False, capture_output=True, text=True, timeout=120, env=self._environment,
-            )
-            if installed.returncode != 0:
-                raise RuntimeError(
-                    f"mariadb-install-db failed:\n{installed.stdout}\n{installed.stderr}"
-                )
+            if template is not None:  # a never-started install: cp -a keeps its owner
+                self.data.rmdir()
+                subprocess.run(["cp", "-a", str(template), str(self.data)], check=True,
+                               capture_output=True, timeout=120)
+            else:
+                self._install()
         except BaseException:
             shutil.rmtree(self.directory, ignore_errors=True)
             raise
+
+    def _install(self) -> None:
+        installed = subprocess.run(
+            ["mariadb-install-db", "--no-defaults", f"--datadir={self.data}", *self._user,
+             f"--tmpdir={self.tmp}", "--auth-root-authentication-method=normal",
+             "--skip-test-db"],
+            check=False, capture_output=True, text=True, timeout=120, env=self._environment,
+        )
+        if installed.returncode != 0:
+            raise RuntimeError(
+                f"mariadb-install-db failed:\n{installed.stdout}\n{installed.stderr}"
+            )
 
     @property
     def pid(self) -> int | None:
@@ -300,6 +310,12 @@ class ThrowawayMariaDB:
         return f"{driver}://{self.user}@{self.host}:{self.port}/{database}"
 
     def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start mariadbd without waiting for it (:meth:`wait_ready` waits): several servers
+        then come up in parallel."""
         plugin = [f"--plugin-dir={self.plugin_dir}"] if self.plugin_dir else []
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
@@ -309,7 +325,12 @@ class ThrowawayMariaDB:
                  "--innodb-buffer-pool-size=32M", *self._user],
                 stdout=log, stderr=subprocess.STDOUT, env=self._environment,
             )
+
+    def wait_ready(self) -> None:
+        """Wait (bounded) until the launched server accepts connections."""
         import pymysql
+
+        assert self.process is not None, "launch() first"
 
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
@@ -355,24 +376,71 @@ class ThrowawayMariaDB:
         self.close()
 
 
-def spider_server(plugin: Path | None = None) -> ThrowawayMariaDB:
-    """A running throwaway mariadbd with the Spider engine installed.
+def mariadb_servers(count: int, *, names: list[str] | None = None,
+                    plugin_dir: Path | None = None) -> list[ThrowawayMariaDB]:
+    """Start ``count`` throwaway mariadbd servers at once, all running.
+
+    One ``mariadb-install-db``; the others copy its (never started) datadir, and all start in
+    parallel. The caller closes each (or use :func:`running_mariadb_servers`).
+    """
+    names = names or [f"mariadb{i}" for i in range(count)]
+    servers: list[ThrowawayMariaDB] = []
+    try:
+        first = ThrowawayMariaDB(plugin_dir=plugin_dir, name=names[0])
+        servers.append(first)
+        for name in names[1:count]:
+            servers.append(ThrowawayMariaDB(plugin_dir=plugin_dir, name=name,
+                                            template=first.data))
+        for server in servers:
+            server.launch()
+        for server in servers:
+            server.wait_ready()
+    except BaseException:
+        for server in servers:
+            server.close()
+        raise
+    return servers
+
+
+def install_spider(server: ThrowawayMariaDB, plugin: Path) -> None:
+    """Load Spider into a running throwaway server (started with ``plugin_dir=plugin.parent``).
 
     ``spider_same_server_link = 1`` lets its Spider tables link to backend databases on the same
-    server (tests and the demo use that; real backends are other servers).
+    server (tests use that; real backends are other servers).
     """
+    connection = server.connect()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(f"INSTALL SONAME '{plugin.stem}'")
+            cursor.execute("SET GLOBAL spider_same_server_link = 1")
+    finally:
+        connection.close()
+
+
+def spider_server(plugin: Path | None = None) -> ThrowawayMariaDB:
+    """A running throwaway mariadbd with the Spider engine installed (see
+    :func:`install_spider`)."""
     plugin = plugin or find_spider_plugin()
     server = ThrowawayMariaDB(plugin_dir=plugin.parent, name="spider")
     try:
         server.start()
-        connection = server.connect()
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(f"INSTALL SONAME '{plugin.stem}'")
-                cursor.execute("SET GLOBAL spider_same_server_link = 1")
-        finally:
-            connection.close()
+        install_spider(server, plugin)
     except BaseException:
         server.close()
         raise
     return server
+
+
+def spider_servers(backends: int, plugin: Path | None = None) -> list[ThrowawayMariaDB]:
+    """A Spider front (index 0) and ``backends`` plain mariadbd servers, all running: Spider
+    links to other servers, as in production. The caller closes each."""
+    plugin = plugin or find_spider_plugin()
+    servers = mariadb_servers(1 + backends, plugin_dir=plugin.parent,
+                              names=["spider", *(f"backend{i}" for i in range(backends))])
+    try:
+        install_spider(servers[0], plugin)
+    except BaseException:
+        for server in servers:
+            server.close()
+        raise
+    return servers

@@ -3,6 +3,8 @@
 ``python -m example_project.sqlalchemy_shop`` runs on SQLite files; ``--control-url URL
 --shard-url URL --shard-url URL ...`` runs on PostgreSQL/MariaDB. Same flow as the Django shop
 (``python -m example_project``): create tables, place orders from several processes, verify.
+``--engine postgresql-fdw|spider`` places the orders through a distributed engine instead
+(:mod:`example_project.engine_shop`).
 """
 
 from __future__ import annotations
@@ -294,7 +296,11 @@ def verify(
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         options = parse_options(argv, "example_project.sqlalchemy_shop", __doc__.splitlines()[0],
-                                data_subdir="sqlalchemy")
+                                data_subdir="sqlalchemy", engines=True)
+        if options.engine:
+            from .engine_shop import run as run_on_engine
+
+            return run_on_engine(options)
         return run(options)
     except BadInputError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -1,0 +1,157 @@
+"""The demo shop places its orders through a distributed engine (``--engine``).
+
+Subprocess runs of ``python -m example_project.sqlalchemy_shop --engine ...``, as a user runs it:
+once per engine with the throwaway servers the demo starts (and must stop), once on PostgreSQL
+servers given as URLs, where the test reads every shard itself and runs the demo twice (the demo
+owns its tables and recreates them). Without PostgreSQL's binaries, mariadbd or the Spider plugin
+the tests skip with the reason; under ``CI=true`` they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from example_project import local_servers
+from snowflake_db.sharding import ShardRouter
+
+from .plugins.databases import in_ci
+
+# Each run starts its own private servers; one xdist worker keeps them from competing.
+pytestmark = pytest.mark.xdist_group("example_engines")
+
+REPO = Path(__file__).resolve().parents[1]
+ROUTER_ENGINE = {"postgresql-fdw": "postgresql-hash", "spider": "mariadb-key"}
+
+
+def _unavailable(reason: str) -> None:
+    if in_ci():
+        pytest.fail(f"{reason} (CI=true: the engine demo must run)", pytrace=False)
+    pytest.skip(reason)
+
+
+def _require(engine: str) -> None:
+    if engine == "postgresql-fdw":
+        problem = local_servers.postgres_unavailable()
+        if problem:
+            _unavailable(problem)
+        return
+    if not shutil.which("mariadbd") or not shutil.which("mariadb-install-db"):
+        _unavailable("mariadbd and mariadb-install-db are needed for the Spider demo")
+    try:
+        local_servers.find_spider_plugin()
+    except local_servers.ServerUnavailableError as error:
+        _unavailable(str(error))
+
+
+def run_demo(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("SHOP_") and key != "DJANGO_SETTINGS_MODULE"}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run([sys.executable, "-m", "example_project.sqlalchemy_shop", *args],
+                          check=False, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+def _assert_passed(out: str, engine: str, orders: int, shards: int) -> dict[str, int]:
+    """The demo's own checks passed; returns its orders per shard."""
+    assert "[FAIL]" not in out and "all checks passed" in out
+    assert f"migrated: op.create_sharded_orders({engine!r}, {shards} shards)" in out
+    assert f"zero duplicate IDs ({orders} orders and" in out
+    assert (f"every order is on the shard ShardRouter(engine={ROUTER_ENGINE[engine]!r}) "
+            "predicted (0 not)") in out
+    assert "every item is on its order's shard (0 not)" in out
+    assert f"the coordinator sees {orders} orders" in out
+    [(read, named, again)] = re.findall(
+        r"through the coordinator: read from (shard\d+) \(.*\), the router names (shard\d+); "
+        r"(shard\d+) read directly holds the same \d+, the other shards 0", out)
+    assert read == named == again
+    per_shard = {name: int(count) for name, count in
+                 re.findall(r"^  (shard\d+): (\d+) orders?, \d+ items?$", out, re.MULTILINE)}
+    assert sorted(per_shard) == [f"shard{i}" for i in range(shards)]
+    assert sum(per_shard.values()) == orders and all(per_shard.values())
+    leased = re.findall(r"leased worker ID (\d+)", out)
+    assert len(leased) == 3 and len(set(leased)) == 3  # this process and 2 order processes
+    return per_shard
+
+
+@pytest.mark.parametrize("engine", ["postgresql-fdw", "spider"])
+def test_shop_on_throwaway_servers_it_starts_and_stops(engine: str) -> None:
+    _require(engine)
+    result = run_demo("--engine", engine, "--shards", "3", "--orders", "300",
+                      "--processes", "2", "--customers", "40")
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    _assert_passed(out, engine, 300, 3)
+    [pids] = re.findall(r"^started 4 throwaway .* servers, pids ([\d, ]+);", out, re.MULTILINE)
+    assert "stopped the 4 throwaway servers" in out
+    assert all(_gone(int(pid)) for pid in pids.split(", "))  # stopped by the demo
+    assert result.stderr == ""  # no progress frames (no terminal), no release warnings
+
+
+def test_shop_on_given_postgres_urls_lands_where_the_router_says() -> None:
+    """URLs mode: the test reads every shard itself; a second run recreates the tables."""
+    _require("postgresql-fdw")
+    with local_servers.running_postgres_clusters(3, names=["coord", "s0", "s1"]) as clusters:
+        clusters[0].create_database("control")
+        for cluster in clusters:
+            cluster.create_database("shop")
+        urls = [c.url("shop", driver="postgresql") for c in clusters]
+        args = ["--engine", "postgresql-fdw", "--control-url", clusters[0].url("control"),
+                "--coordinator-url", urls[0], "--shard-url", urls[1], "--shard-url", urls[2],
+                "--processes", "2", "--customers", "30"]
+        first = run_demo(*args, "--orders", "120")
+        assert first.returncode == 0, first.stdout + first.stderr
+        second = run_demo(*args, "--orders", "80")
+        assert second.returncode == 0, second.stdout + second.stderr
+        per_shard = _assert_passed(second.stdout, "postgresql-fdw", 80, 2)
+        assert "throwaway" not in second.stdout  # the given servers, none of its own
+
+        router = ShardRouter(["shard0", "shard1"], logical_shards=2, engine="postgresql-hash")
+        for index, cluster in enumerate(clusters[1:]):
+            with psycopg.connect(host=cluster.host, port=cluster.port, user="postgres",
+                                 dbname="shop") as shard:
+                rows = shard.execute("SELECT id, customer_id FROM orders").fetchall()
+            assert len(rows) == per_shard[f"shard{index}"]  # only the second run's orders
+            assert {router.target_for_key(customer) for _, customer in rows} == {f"shard{index}"}
+        with psycopg.connect(host=clusters[0].host, port=clusters[0].port, user="postgres",
+                             dbname="shop") as coordinator:
+            servers = coordinator.execute("SELECT srvname FROM pg_foreign_server "
+                                          "ORDER BY 1").fetchall()
+        assert servers == [("shop_shard0",), ("shop_shard1",)]  # the first run's were replaced
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--engine", "spider", "--coordinator-url", "mysql://root@127.0.0.1/x"],
+     "error: with --engine give --control-url, --coordinator-url and at least one --shard-url "
+     "(or none of them, to start throwaway local servers)"),
+    (["--engine", "postgresql-fdw", "--control-url", "sqlite:///control.sqlite3",
+      "--coordinator-url", "mysql://root@127.0.0.1/x", "--shard-url", "mysql://root@127.0.0.1/y"],
+     "error: --coordinator-url mysql+pymysql://root@127.0.0.1/x: --engine postgresql-fdw runs on "
+     "postgresql, not mysql"),
+    (["--coordinator-url", "postgres://p@127.0.0.1/x"], "error: --coordinator-url needs --engine"),
+    (["--engine", "spider", "--shards", "9"],
+     "error: --shards=9: throwaway servers take 1 to 8 shards (give --shard-url for more)"),
+    (["--engine", "spider", "--find", "5"], "error: --find is not available with --engine"),
+])
+def test_bad_input_exits_2_with_one_line(args: list[str], message: str) -> None:
+    result = run_demo(*args, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [message]
+    assert result.stdout == ""
