@@ -1,0 +1,155 @@
+"""``snowflake_db.django.bulk.bulk_load`` on every backend: orders and items in one call with
+keys made up front, objects left as ``bulk_create`` leaves them, ``pre_save`` run, all or
+nothing, and clear refusals (multi-table inheritance, conflict options, local files)."""
+
+from __future__ import annotations
+
+import decimal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connections, models
+from django.test.utils import isolate_apps
+from django.utils import timezone
+
+import snowflake_db
+from snowflake_db.django import SnowflakeAutoField
+from snowflake_db.django.bulk import bulk_load
+from snowflake_db.errors import BulkLoadError, BulkLoadRejectedError, LocalInfileRefusedError
+from tests.django.conftest import backends
+from tests.django_project.shop.models import Customer, Item, Order, Restaurant
+
+LAYOUT = snowflake_db.Layout()
+
+
+def _orders_with_items(customer: Any, n: int) -> tuple[list[Any], list[Any]]:
+    orders = [Order(customer=customer, total_cents=i, note=f"n\t{i}\\") for i in range(n)]
+    items = [Item(order=order, sku=f"s{i}-{j}") for i, order in enumerate(orders) for j in range(3)]
+    return orders, items
+
+
+def test_orders_and_items_in_one_call(
+    backend: str, static_worker: snowflake_db.SnowflakeGenerator, monkeypatch: Any
+) -> None:
+    customer = Customer.objects.create(name="ada")
+    orders, items = _orders_with_items(customer, 100)
+    calls: list[int] = []
+    next_ids = static_worker.next_ids
+
+    def counting(n: int) -> list[int]:
+        calls.append(n)
+        return next_ids(n)
+
+    monkeypatch.setattr(static_worker, "next_ids", counting)
+    assert bulk_load(orders, items) == [orders, items]
+    assert calls == [400]  # every key of both tables from one next_ids call
+    for obj in orders + items:
+        assert isinstance(obj.pk, int) and LAYOUT.decode(obj.pk).worker_id == 1
+        assert obj._state.adding is False and obj._state.db == backend
+    assert [item.order_id for item in items] == [order.pk for order in orders for _ in range(3)]
+    assert Order.objects.filter(customer=customer).count() == 100
+    stored = dict(Item.objects.values_list("sku", "order_id"))
+    assert stored == {item.sku: item.order_id for item in items}
+    assert Order.objects.get(pk=orders[7].pk).note == "n\t7\\"
+    orders[0].total_cents = 99
+    orders[0].save()  # a loaded object saves as an UPDATE of its row
+    assert Order.objects.get(pk=orders[0].pk).total_cents == 99
+    assert Order.objects.count() == 100
+
+
+def test_a_duplicate_key_fails_everything_and_takes_the_keys_back(backend: str) -> None:
+    customer = Customer.objects.create(name="ada")
+    existing = Item.objects.create(order=Order.objects.create(customer=customer), sku="x")
+    orders, items = _orders_with_items(customer, 20)
+    items[30].pk = existing.pk
+    with pytest.raises((IntegrityError, BulkLoadRejectedError)):
+        bulk_load(orders, items)
+    assert (Order.objects.count(), Item.objects.count()) == (1, 1)
+    assert all(obj.pk is None for obj in orders + items if obj is not items[30])
+    assert all(obj._state.adding for obj in orders + items)
+    assert bulk_load(orders, items[:30] + items[31:])  # the same objects load on a retry
+    assert Item.objects.count() == 60
+
+
+def test_refuses_multi_table_inheritance_and_conflict_options(backend: str) -> None:
+    with pytest.raises(BulkLoadError, match="multi-table inheritance"):
+        bulk_load([Restaurant(name="r")])
+    with pytest.raises(BulkLoadError, match="conflicts"):
+        bulk_load([Customer(name="c")], ignore_conflicts=True)
+    with pytest.raises(BulkLoadError, match="one model"):
+        bulk_load([Customer(name="c"), Order()])
+    assert Customer.objects.count() == 0
+
+
+@pytest.fixture
+def typed_model(tx_backend: str) -> Iterator[Any]:
+    with isolate_apps("tests.django_project.shop"):
+
+        class Entry(models.Model):
+            id = SnowflakeAutoField(primary_key=True)
+            created = models.DateTimeField(auto_now_add=True)
+            data = models.JSONField(default=dict)
+            amount = models.DecimalField(max_digits=20, decimal_places=6, null=True)
+            note = models.TextField(default="")
+            flag = models.BooleanField(null=True)
+            blob = models.BinaryField(null=True)
+            count = models.BigIntegerField(null=True)
+
+            class Meta:
+                app_label = "shop"
+                db_table = "shop_bulk_entry"
+
+        connection = connections[tx_backend]
+        with connection.schema_editor() as editor:
+            editor.create_model(Entry)
+        try:
+            yield Entry
+        finally:
+            with connection.schema_editor() as editor:
+                editor.delete_model(Entry)
+
+
+def test_pre_save_and_types_round_trip(tx_backend: str, typed_model: Any) -> None:
+    before = timezone.now()
+    values: list[dict[str, Any]] = [
+        {"data": {"k": ["v\t\n", 1, None, True]}, "amount": decimal.Decimal("-12345.678901"),
+         "note": "tab\there\nnew \\ 'q\" é🚀", "flag": True, "blob": b"\x00\xff\t",
+         "count": 2**63 - 1},
+        {"data": [], "amount": None, "note": "", "flag": None, "blob": None, "count": -(2**63)},
+        {"data": {}, "amount": decimal.Decimal("0.000001"), "note": "\\N", "flag": False,
+         "blob": b"", "count": None},
+    ]
+    objs = [typed_model(**row) for row in values]
+    bulk_load(objs)
+    after = timezone.now()
+    for obj, row in zip(objs, values, strict=True):
+        assert before <= obj.created <= after  # auto_now_add ran, as in save()
+        got = typed_model.objects.get(pk=obj.pk)
+        assert got.created == obj.created
+        for name, value in row.items():
+            stored = getattr(got, name)
+            assert (bytes(stored) if isinstance(stored, memoryview) else stored) == value, name
+
+
+@backends("mariadb", transaction=True)
+def test_mariadb_load_data_with_the_alias_option(tx_backend: str) -> None:
+    connection = connections[tx_backend]
+    customer = Customer.objects.create(name="ada")
+    with pytest.raises(LocalInfileRefusedError, match="local_infile"):
+        bulk_load(*_orders_with_items(customer, 2), mariadb_method="load_data")
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    connection.close()
+    options["local_infile"] = True
+    try:
+        orders, items = _orders_with_items(customer, 50)
+        bulk_load(orders, items, mariadb_method="load_data")
+        assert Item.objects.filter(order__in=orders).count() == 150
+        more, _ = _orders_with_items(customer, 1)
+        more[0].pk = orders[0].pk
+        with pytest.raises(BulkLoadRejectedError, match="Duplicate entry"):
+            bulk_load(more, mariadb_method="load_data")
+        assert Order.objects.count() == 50
+    finally:
+        connection.close()
+        del options["local_infile"]
