@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -105,36 +106,83 @@ def test_shop_on_throwaway_servers_it_starts_and_stops(engine: str) -> None:
     assert result.stderr == ""  # no progress frames (no terminal), no release warnings
 
 
-def test_shop_on_given_postgres_urls_lands_where_the_router_says() -> None:
-    """URLs mode: the test reads every shard itself; a second run recreates the tables."""
+@pytest.fixture(scope="module")
+def given_postgres() -> Iterator[list[local_servers.ThrowawayPostgres]]:
+    """Servers the test starts and gives to the demo as URLs: a coordinator and two shards."""
     _require("postgresql-fdw")
     with local_servers.running_postgres_clusters(3, names=["coord", "s0", "s1"]) as clusters:
-        clusters[0].create_database("control")
-        for cluster in clusters:
-            cluster.create_database("shop")
-        urls = [c.url("shop", driver="postgresql") for c in clusters]
-        args = ["--engine", "postgresql-fdw", "--control-url", clusters[0].url("control"),
-                "--coordinator-url", urls[0], "--shard-url", urls[1], "--shard-url", urls[2],
-                "--processes", "2", "--customers", "30"]
-        first = run_demo(*args, "--orders", "120")
-        assert first.returncode == 0, first.stdout + first.stderr
-        second = run_demo(*args, "--orders", "80")
-        assert second.returncode == 0, second.stdout + second.stderr
-        per_shard = _assert_passed(second.stdout, "postgresql-fdw", 80, 2)
-        assert "throwaway" not in second.stdout  # the given servers, none of its own
+        yield clusters
 
-        router = ShardRouter(["shard0", "shard1"], logical_shards=2, engine="postgresql-hash")
-        for index, cluster in enumerate(clusters[1:]):
-            with psycopg.connect(host=cluster.host, port=cluster.port, user="postgres",
-                                 dbname="shop") as shard:
-                rows = shard.execute("SELECT id, customer_id FROM orders").fetchall()
-            assert len(rows) == per_shard[f"shard{index}"]  # only the second run's orders
-            assert {router.target_for_key(customer) for _, customer in rows} == {f"shard{index}"}
-        with psycopg.connect(host=clusters[0].host, port=clusters[0].port, user="postgres",
-                             dbname="shop") as coordinator:
-            servers = coordinator.execute("SELECT srvname FROM pg_foreign_server "
-                                          "ORDER BY 1").fetchall()
-        assert servers == [("shop_shard0",), ("shop_shard1",)]  # the first run's were replaced
+
+def _url_args(clusters: list[local_servers.ThrowawayPostgres], dbname: str) -> list[str]:
+    clusters[0].create_database(f"{dbname}_control")
+    for cluster in clusters:
+        cluster.create_database(dbname)
+    urls = [c.url(dbname, driver="postgresql") for c in clusters]
+    return ["--engine", "postgresql-fdw", "--control-url", clusters[0].url(f"{dbname}_control"),
+            "--coordinator-url", urls[0], "--shard-url", urls[1], "--shard-url", urls[2],
+            "--processes", "2", "--customers", "30"]
+
+
+def test_shop_on_given_postgres_urls_lands_where_the_router_says(
+    given_postgres: list[local_servers.ThrowawayPostgres],
+) -> None:
+    """URLs mode: the test reads every shard itself; a second run recreates the tables."""
+    clusters = given_postgres
+    args = _url_args(clusters, "shop")
+    first = run_demo(*args, "--orders", "120")
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = run_demo(*args, "--orders", "80")
+    assert second.returncode == 0, second.stdout + second.stderr
+    per_shard = _assert_passed(second.stdout, "postgresql-fdw", 80, 2)
+    assert "throwaway" not in second.stdout  # the given servers, none of its own
+
+    router = ShardRouter(["shard0", "shard1"], logical_shards=2, engine="postgresql-hash")
+    for index, cluster in enumerate(clusters[1:]):
+        with psycopg.connect(host=cluster.host, port=cluster.port, user="postgres",
+                             dbname="shop") as shard:
+            rows = shard.execute("SELECT id, customer_id FROM orders").fetchall()
+        assert len(rows) == per_shard[f"shard{index}"]  # only the second run's orders
+        assert {router.target_for_key(customer) for _, customer in rows} == {f"shard{index}"}
+    with psycopg.connect(host=clusters[0].host, port=clusters[0].port, user="postgres",
+                         dbname="shop") as coordinator:
+        servers = coordinator.execute("SELECT srvname FROM pg_foreign_server "
+                                      "ORDER BY 1").fetchall()
+    assert servers == [("shop_shard0",), ("shop_shard1",)]  # the first run's were replaced
+
+
+#: Armed on shard 0: whenever the demo's migration creates the shard's partitions, a trigger
+#: that silently discards every row written to them (the shard "accepts" and loses them).
+LOSE_ROWS = [
+    "CREATE FUNCTION lose_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$",
+    """CREATE FUNCTION arm_loss() RETURNS event_trigger LANGUAGE plpgsql AS $$
+    DECLARE name text;
+    BEGIN
+      FOR name IN SELECT object_identity FROM pg_event_trigger_ddl_commands()
+                  WHERE object_identity IN ('public.orders_p0', 'public.order_items_p0') LOOP
+        EXECUTE format('CREATE TRIGGER lose BEFORE INSERT ON %s FOR EACH ROW '
+                       'EXECUTE FUNCTION lose_row()', name);
+      END LOOP;
+    END $$""",
+    "CREATE EVENT TRIGGER arm_loss ON ddl_command_end WHEN TAG IN ('CREATE TABLE') "
+    "EXECUTE FUNCTION arm_loss()",
+]
+
+
+def test_a_shard_that_loses_rows_fails_the_checks_with_exit_1(
+    given_postgres: list[local_servers.ThrowawayPostgres],
+) -> None:
+    clusters = given_postgres
+    args = _url_args(clusters, "lossy")
+    clusters[1].execute(*LOSE_ROWS, database="lossy")
+    result = run_demo(*args, "--orders", "60")
+    assert result.returncode == 1, result.stdout + result.stderr
+    out = result.stdout
+    assert "[ok] 60 orders reported by the processes" in out  # every INSERT "succeeded"
+    assert re.search(r"\[FAIL\] zero duplicate IDs \(\d+ orders", out)  # not all 60 stored
+    assert re.search(r"\[FAIL\] the coordinator sees \d+ orders", out)
+    assert "  shard0: 0 orders, 0 items" in out
+    assert result.stderr.endswith("check failed\n") or "checks failed" in result.stderr
 
 
 @pytest.mark.parametrize(("args", "message"), [
