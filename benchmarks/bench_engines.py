@@ -24,10 +24,12 @@ into empty tables, in transactions of ``--batch`` orders with their items:
   one shard after another, with the bulk loader (and with INSERTs).
 
 Paths alternate every round (background load hits all alike); the best round of each is
-reported. Reads: the history query (orders joined to their items, one customer) for
-``--reads`` customers, through the coordinator, from the shard the router names, and from the
-one database. All servers share this machine's CPUs: more shards add no CPU here, so this
-measures each path's overhead, not what a cluster of machines would do. No targets: a report.
+reported. Reads (after ``ANALYZE`` everywhere): the history query (orders joined to their
+items, one customer) for ``--reads`` customers, through the coordinator, from the shard the
+router names, and from the one database (also through one connection per shard in turn: the
+shard path's switching between server processes, without the shards). All servers share this
+machine's CPUs: more shards add no CPU here, so this measures each path's overhead, not what a
+cluster of machines would do. No targets: a report.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ class Engine:
     vendor: str
     connect: Callable[[Any], Any]
     single: Any = None
+    #: More connections to the one database, one per shard: the reads' control path.
+    single_more: list[Any] = field(default_factory=list)
     coordinator: Any = None
     shards: list[Any] = field(default_factory=list)
     router: ShardRouter | None = None
@@ -204,6 +208,7 @@ def postgres(shards: int) -> Iterator[Engine]:
             cluster.create_database("shop")
         engine = Engine("PostgreSQL 15", "postgresql", _pg_connect)
         engine.single = _pg_connect(clusters[0])
+        engine.single_more = [_pg_connect(clusters[0]) for _ in range(shards)]
         _run_all(engine.single, d.postgres_shard_sql(0, 1))
         servers = [d.ShardServer(c.host, c.port, "shop", "postgres") for c in clusters[2:]]
         for index, cluster in enumerate(clusters[2:]):
@@ -223,7 +228,8 @@ def postgres(shards: int) -> Iterator[Engine]:
         try:
             yield engine
         finally:
-            for connection in (engine.single, engine.coordinator, *engine.shards):
+            for connection in (engine.single, engine.coordinator, *engine.shards,
+                               *engine.single_more):
                 with suppress(Exception):
                     connection.close()
 
@@ -242,6 +248,7 @@ def spider(shards: int) -> Iterator[Engine]:
                 cursor.execute("SET GLOBAL local_infile = 1")
         engine = Engine("MariaDB 10.11", "mariadb", _my_connect)
         engine.single = _my_connect(servers[0])
+        engine.single_more = [_my_connect(servers[0]) for _ in range(shards)]
         _run_all(engine.single, d.spider_backend_sql())
         for server in servers[2:]:
             shard = _my_connect(server)
@@ -256,7 +263,8 @@ def spider(shards: int) -> Iterator[Engine]:
         try:
             yield engine
         finally:
-            for connection in (engine.single, engine.coordinator, *engine.shards):
+            for connection in (engine.single, engine.coordinator, *engine.shards,
+                               *engine.single_more):
                 with suppress(Exception):
                     connection.close()
     finally:
@@ -333,6 +341,13 @@ def measure_reads(engine: Engine, orders: list[Order], reads: int, rounds: int
         _empty(engine, where)
     bulk(engine, engine.single, orders, 1000)
     direct(bulk)(engine, None, orders, 1000)
+    for connection in (engine.single, *engine.shards, engine.coordinator):  # fresh statistics
+        with suppress(Exception), connection.cursor() as cursor:
+            cursor.execute("ANALYZE orders, order_items" if engine.vendor == "postgresql"
+                           else "ANALYZE TABLE orders, order_items")
+            with suppress(Exception):
+                cursor.fetchall()
+        connection.commit()
     customers = sorted({order[1] for order, _ in orders})
     sample = random.Random(3).sample(customers, min(reads, len(customers)))
     paths: dict[str, Callable[[int], Any]] = {
@@ -340,6 +355,10 @@ def measure_reads(engine: Engine, orders: list[Order], reads: int, rounds: int
             lambda c: engine.shards[int(router.target_for_key(c)[5:])],
         "through the coordinator": lambda c: engine.coordinator,
         "one database": lambda c: engine.single,
+        # The shard path's pattern on one server: the next query on another connection (and
+        # server process) whenever the customer's shard changes.
+        "one database, a connection per shard in turn":
+            lambda c: engine.single_more[int(router.target_for_key(c)[5:])],
     }
     best: dict[str, float] = {}
     rows: dict[str, int] = {}
