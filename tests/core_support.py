@@ -126,11 +126,13 @@ def run_in_fork(child: Callable[[], Any], fork: Callable[[], int] = os.fork) -> 
     if pid == 0:  # pragma: no cover - runs in the child, which never returns to pytest
         exit_code = 1
         try:
-            os.close(read_fd)
+            # ``child`` first: in a child forked without Python's hooks, any I/O before the
+            # library's repair (its first call) could wait for ever on the GIL.
             try:
                 result: Any = {"result": child()}
             except BaseException as error:
                 result = error_report(error)
+            os.close(read_fd)
             with os.fdopen(write_fd, "wb") as pipe:
                 pipe.write(pickle.dumps(result))
             exit_code = 0

@@ -5,13 +5,21 @@ Run as ``python -m tests.hookless_fork_parent URL CHILDREN OUT_DIR``. Each child
 issues IDs at once, again after its first renewal was due, then releases and ends with
 ``os._exit``; it writes ``childN.json`` (and ``childN.ids``). The parent waits for each child at
 most ``CHILD_DEADLINE_S``, SIGKILLs one that is still running (a hang), and writes
-``parent.json``: per child its exit code or ``"hung"``, and the parent's own IDs.
+``parent.json``: per child its exit code, ``"hung"`` (after the library's repair ran) or
+``"hung before the repair"``, and the parent's own IDs.
+
+Which: the parent registers an ``os.register_at_fork`` child hook, which a raw fork skips and
+the library's repair runs (``PyOS_AfterFork_Child`` runs the hooks); it marks the child's byte
+in memory shared with the parent. A child can hang before that, in CPython itself: if a thread
+of the parent had asked for the GIL at the fork, the child's first check of that request waits
+for a thread that does not exist, possibly before its first call of the library.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import mmap
 import os
 import signal
 import sys
@@ -65,7 +73,16 @@ def _child(out: Path) -> None:
     out.with_suffix(".json").write_text(json.dumps(report))
 
 
-def _wait(pid: int) -> int | str:
+#: One byte per child, shared with the children: 1 once the library's repair ran there.
+_repaired = mmap.mmap(-1, 4096, flags=mmap.MAP_SHARED)
+_index = [0]
+
+
+def _mark_repaired() -> None:  # an after-fork hook: only the library's repair runs it
+    _repaired[_index[0]] = 1
+
+
+def _wait(pid: int, index: int) -> int | str:
     deadline = time.monotonic() + CHILD_DEADLINE_S
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)
@@ -74,7 +91,7 @@ def _wait(pid: int) -> int | str:
         time.sleep(0.005)
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
-    return "hung"
+    return "hung" if _repaired[index] else "hung before the repair"
 
 
 def main(url: str, children: int, out_dir: Path) -> None:
@@ -91,17 +108,19 @@ def main(url: str, children: int, out_dir: Path) -> None:
 
     spinner = threading.Thread(target=busy, daemon=True)
     spinner.start()
+    os.register_at_fork(after_in_child=_mark_repaired)
     outcomes: list[int | str] = []
     try:
         for index in range(children):
             parent_ids.extend(snowflake_db.snowflake_default() for _ in range(20))
+            _index[0] = index
             pid = LIBC_FORK()
             if pid == 0:  # the child: never returns into this loop
                 try:
                     _child(out_dir / f"child{index}")
                 finally:
                     os._exit(0)
-            outcomes.append(_wait(pid))
+            outcomes.append(_wait(pid, index))
     finally:
         stop.set()
         spinner.join(5)
