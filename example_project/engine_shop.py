@@ -125,6 +125,7 @@ def local_engine(options: Options) -> Iterator[Options]:
     except local_servers.ServerUnavailableError as error:
         raise BadInputError(f"cannot start throwaway servers: {error}") from None
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut this short
         for server in servers:
             server.close()
         if servers:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -104,6 +105,35 @@ def test_shop_on_throwaway_servers_it_starts_and_stops(engine: str) -> None:
     assert "stopped the 4 throwaway servers" in out
     assert all(_gone(int(pid)) for pid in pids.split(", "))  # stopped by the demo
     assert result.stderr == ""  # no progress frames (no terminal), no release warnings
+
+
+def test_sigterm_stops_the_throwaway_servers() -> None:
+    """Stopped at the end even on failure: SIGTERM while orders are placed."""
+    _require("postgresql-fdw")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SHOP_")}
+    env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "example_project.sqlalchemy_shop", "--engine", "postgresql-fdw",
+         "--shards", "2", "--orders", "100000", "--processes", "2"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert demo.stdout is not None
+    try:
+        lines = []
+        for line in demo.stdout:  # ends when the demo does; bounded by the wait below
+            lines.append(line)
+            if line.startswith("migrated:"):
+                demo.send_signal(signal.SIGTERM)
+                break
+        rest, _ = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    out = "".join(lines) + rest
+    assert demo.returncode == 128 + signal.SIGTERM, out
+    [pids] = re.findall(r"^started 3 throwaway .* servers, pids ([\d, ]+);", out, re.MULTILINE)
+    assert "stopped the 3 throwaway servers" in out
+    assert all(_gone(int(pid)) for pid in pids.split(", "))
 
 
 @pytest.fixture(scope="module")
