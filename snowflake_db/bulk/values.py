@@ -107,8 +107,17 @@ def check_temporal(
     for column, kind in enumerate(kinds):
         if kind not in TEMPORAL_KINDS:
             continue
-        for number, row in enumerate(rows):
-            value = row[column]
+        read = getattr(rows, "column", None)  # ColumnRows: the column as it is
+        values = read(column) if read is not None else [row[column] for row in rows]
+        given = list(filter(None, values))  # the common case, checked at C speed
+        if set(map(type, given)) == {dt.datetime}:
+            offsets = list(map(dt.datetime.utcoffset, given))
+            all_naive = offsets.count(None) == len(offsets)
+            if kind == "timestamptz" and None not in offsets:
+                continue
+            if kind == "timestamp" and (vendor != "postgresql" or all_naive):
+                continue
+        for number, value in enumerate(values):
             if isinstance(value, dt.datetime):
                 reason = problem(kind, value, vendor)
                 if reason is not None:

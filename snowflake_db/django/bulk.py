@@ -10,14 +10,19 @@ leaves them: ``pk`` set, ``_state.adding`` False, ``_state.db`` the alias. Each 
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable
+from itertools import repeat
+from operator import attrgetter, is_, methodcaller
 from typing import Any
 
-from django.db import connections, router, transaction
+from django.conf import settings
+from django.db import connections, models, router, transaction
 
 from ..bulk.load import load_rows
-from ..bulk.table import BulkTable
+from ..bulk.table import BulkTable, ColumnRows
 from ..errors import BulkLoadError
+from . import fields as fields_module
 from .fields import SnowflakeAutoField, _next_keys
 
 __all__ = ["bulk_load"]
@@ -26,7 +31,7 @@ __all__ = ["bulk_load"]
 def _model_of(objs: list[Any]) -> Any:
     model = type(objs[0])
     concrete = model._meta.concrete_model
-    for obj in objs:
+    for obj in objs if set(map(type, objs)) != {model} else ():
         if getattr(getattr(obj, "_meta", None), "concrete_model", None) is not concrete:
             raise BulkLoadError(
                 f"one bulk_load group holds one model: {model.__name__} and "
@@ -46,40 +51,121 @@ def _fields(meta: Any) -> list[Any]:
     return [field for field in meta.concrete_fields if not getattr(field, "generated", False)]
 
 
-def _give_keys(batches: list[tuple[Any, list[Any]]]) -> list[tuple[str, Any]]:
-    """Keys for every object without one, in all groups, from one ``next_ids`` call;
-    returns ``(key attname, object)`` of those objects."""
-    waiting: list[tuple[str, Any]] = []
+def _give_keys(batches: list[tuple[Any, list[Any]]], made: list[tuple[str, list[Any]]]) -> None:
+    """Keys for every object without one, in all groups, from one ``next_ids`` call; the
+    objects given a key are noted in ``made`` as ``(key attname, objects)``."""
+    waiting: list[tuple[str, list[Any]]] = []
     for model, objs in batches:
         pk = model._meta.pk
-        mine = [(pk.attname, obj) for obj in objs if getattr(obj, pk.attname) is None]
+        attname = pk.attname
+        mine = [obj for obj in objs if obj.__dict__.get(attname) is None]
         if mine and not isinstance(pk, SnowflakeAutoField):
             raise BulkLoadError(
                 f"{model._meta.label}.{pk.name} is not a SnowflakeAutoField, so objects "
                 f"without a key cannot get one up front ({len(mine)} have none)"
             )
-        waiting += mine
-    for (attname, obj), key in zip(waiting, _next_keys(len(waiting)), strict=True):
+        waiting.append((attname, mine))
+    keys = iter(_next_keys(sum(len(mine) for _, mine in waiting)))
+    for attname, mine in waiting:
+        for obj, key in zip(mine, keys, strict=False):
+            obj.__dict__[attname] = key
+        made.append((attname, mine))
+
+
+#: Field classes whose ``get_db_prep_save`` returns a value of this exact type unchanged
+#: (Django's backend adapters only wrap it for parameter binding, which COPY does not use).
+_PLAIN_TYPES: dict[type, type] = {
+    models.IntegerField: int, models.BigIntegerField: int, models.SmallIntegerField: int,
+    models.PositiveIntegerField: int, models.PositiveBigIntegerField: int,
+    models.PositiveSmallIntegerField: int, models.CharField: str, models.TextField: str,
+}
+_TIME_FIELDS = (models.DateField, models.TimeField)  # DateTimeField is a DateField
+
+
+def _plain_type(field: Any, vendor: str) -> type | None:
+    """The value type that needs no ``get_db_prep_save`` for ``field`` on ``vendor``, if any.
+    Keys (and foreign keys to them) keep the full path on MySQL/MariaDB, where it guards the
+    column width; aware datetimes pass on PostgreSQL (naive ones are refused by the loader)."""
+    if type(field) in _PLAIN_TYPES:
+        return _PLAIN_TYPES[type(field)]
+    if vendor == "mysql":
+        return None
+    if type(field) is models.DateTimeField and vendor == "postgresql" and settings.USE_TZ:
+        return dt.datetime
+    target = field.target_field if field.many_to_one or field.one_to_one else field
+    if type(target) in (SnowflakeAutoField, models.BigAutoField, models.AutoField):
+        return int
+    return None
+
+
+def _needs_pre_save(field: Any) -> bool:
+    """Whether ``pre_save`` can differ from reading the attribute: only ``auto_now``/
+    ``auto_now_add`` time fields and fields that define their own (not the key, whose
+    ``pre_save`` returns the key this call made, unless bulk_create conflict marks exist)."""
+    if type(field).pre_save is models.Field.pre_save:
+        return False
+    if isinstance(field, _TIME_FIELDS):
+        return bool(field.auto_now or field.auto_now_add)
+    if isinstance(field, SnowflakeAutoField):
+        return fields_module._conflict_keys_handed_out
+    return True
+
+
+def _link(objs: list[Any], field: Any, linked: list[tuple[str, list[Any]]]) -> None:
+    """Copy the keys of related objects set by assignment (``item.order = order``) into the
+    foreign key column, as ``save()`` does; an unsaved related object is an error, as there.
+    (Whole columns at a time through ``map``: per-object Python code is most of the cost.)"""
+    attname, target = field.attname, field.target_field.attname
+    empty = [obj for obj in objs if obj.__dict__.get(attname) is None]
+    caches = map(attrgetter("_state.fields_cache"), empty)
+    related = list(map(methodcaller("get", field.cache_name), caches))
+    if any(map(is_, related, repeat(None))):  # no key, no related object: left to the column
+        empty = [obj for obj, other in zip(empty, related, strict=True) if other is not None]
+        related = [other for other in related if other is not None]
+    keys = list(map(attrgetter(target), related))
+    if None in keys:
+        raise ValueError(
+            f"bulk_load() prohibited to prevent data loss due to unsaved related object "
+            f"'{field.name}' (load its objects in this call or before)"
+        )
+    for obj, key in zip(empty, keys, strict=True):
         obj.__dict__[attname] = key
-    return waiting
+    linked.append((attname, empty))
 
 
 def _rows(
-    model: Any, objs: list[Any], connection: Any, linked: list[tuple[str, Any]]
-) -> tuple[BulkTable, list[list[Any]]]:
-    """Each object's row; foreign keys taken from related objects are noted in ``linked``."""
-    fields = _fields(model._meta)
-    table = BulkTable(model._meta.db_table, tuple(field.column for field in fields))
-    relations = [field.attname for field in fields if field.many_to_one or field.one_to_one]
-    rows = []
-    for obj in objs:
-        state = obj.__dict__
-        linked += [(attname, obj) for attname in relations if state.get(attname) is None]
-        obj._prepare_related_fields_for_save(operation_name="bulk_load")
-        rows.append(
-            [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
-        )
-    return table, rows
+    model: Any, objs: list[Any], connection: Any, linked: list[tuple[str, list[Any]]]
+) -> tuple[BulkTable, ColumnRows]:
+    """The objects' rows as an INSERT would send them (``pre_save`` where it matters, then
+    ``get_db_prep_save``), built column by column (:class:`ColumnRows`); foreign keys taken
+    from related objects are noted in ``linked``."""
+    meta = model._meta
+    fields = _fields(meta)
+    table = BulkTable(meta.db_table, tuple(field.column for field in fields))
+    relations = [field for field in fields if field.many_to_one or field.one_to_one]
+    if meta.private_fields:  # GenericForeignKey: Django's own preparation
+        for field in relations:
+            empty = [obj for obj in objs if obj.__dict__.get(field.attname) is None]
+            linked.append((field.attname, empty))
+        for obj in objs:
+            obj._prepare_related_fields_for_save(operation_name="bulk_load")
+    else:
+        for field in relations:
+            _link(objs, field, linked)
+    columns = []
+    for field in fields:
+        if _needs_pre_save(field):
+            values = [field.pre_save(obj, True) for obj in objs]
+        else:
+            values = list(map(attrgetter(field.attname), objs))
+        plain = _plain_type(field, connection.vendor)
+        if plain is None or not set(map(type, values)) <= {plain, type(None)}:
+            prepare = field.get_db_prep_save
+            values = [
+                value if type(value) is plain else prepare(value, connection) for value in values
+            ]
+        columns.append(values)
+    return table, ColumnRows(columns)
 
 
 def bulk_load(
@@ -117,10 +203,10 @@ def bulk_load(
     first_model, first_objs = batches[0]
     alias = using or router.db_for_write(first_model, instance=first_objs[0])
     connection = connections[alias]
-    made: list[tuple[str, Any]] = []
+    made: list[tuple[str, list[Any]]] = []
     try:
         with transaction.atomic(using=alias):
-            made += _give_keys(batches)
+            _give_keys(batches, made)
             for model, objs in batches:
                 table, rows = _rows(model, objs, connection, made)
                 connection.ensure_connection()
@@ -130,13 +216,14 @@ def bulk_load(
                         mariadb_method=mariadb_method,
                     )
     except BaseException:
-        for attname, obj in made:  # the keys made and the foreign keys copied from them
-            obj.__dict__[attname] = None
+        for attname, objs in made:  # the keys made and the foreign keys copied from them
+            for obj in objs:
+                obj.__dict__[attname] = None
         raise
     for _, objs in batches:
-        for obj in objs:
-            obj._state.adding = False
-            obj._state.db = alias
+        for state in map(attrgetter("_state"), objs):
+            state.adding = False
+            state.db = alias
     return lists
 
 
