@@ -170,6 +170,15 @@ def _engine_options(args: argparse.Namespace, control: str, shards: list[str]) -
                     f"{option} {display_url(url)}: --engine {engine} runs on {dialect}, "
                     f"not {backend}"
                 )
+            host = _host(url)
+            if engine == "spider" and option == "--shard-url" and host in ("", "localhost"):
+                # MariaDB's client library reads "localhost" as the local Unix socket and
+                # ignores the port: the front would link to itself, not to the backend.
+                raise BadInputError(
+                    f"--shard-url {display_url(url)}: Spider reaches a backend named "
+                    "'localhost' through the front's own Unix socket; give 127.0.0.1 or a "
+                    "host name"
+                )
     for name, value in (("processes", args.processes), ("orders", args.orders),
                         ("customers", args.customers)):
         if value < 1:
@@ -177,6 +186,12 @@ def _engine_options(args: argparse.Namespace, control: str, shards: list[str]) -
     return Options(control, shards, args.processes, args.orders, args.customers,
                    quiet=args.quiet, engine=engine, coordinator_url=coordinator,
                    local_shards=local_shards)
+
+
+def _host(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).host or ""
 
 
 def prepare_data_dir(data_dir: Path | None, subdir: str) -> Path:

@@ -227,6 +227,10 @@ def test_a_shard_that_loses_rows_fails_the_checks_with_exit_1(
     (["--engine", "spider", "--shards", "9"],
      "error: --shards=9: throwaway servers take 1 to 8 shards (give --shard-url for more)"),
     (["--engine", "spider", "--find", "5"], "error: --find is not available with --engine"),
+    (["--engine", "spider", "--control-url", "sqlite:///control.sqlite3", "--coordinator-url",
+      "mysql://root@127.0.0.1/shop", "--shard-url", "mysql://root@localhost:3307/shop"],
+     "error: --shard-url mysql+pymysql://root@localhost:3307/shop: Spider reaches a backend "
+     "named 'localhost' through the front's own Unix socket; give 127.0.0.1 or a host name"),
 ])
 def test_bad_input_exits_2_with_one_line(args: list[str], message: str) -> None:
     result = run_demo(*args, timeout=60)
