@@ -11,9 +11,10 @@ leaves them: ``pk`` set, ``_state.adding`` False, ``_state.db`` the alias. Each 
 from __future__ import annotations
 
 import datetime as dt
+from collections import deque
 from collections.abc import Iterable
 from itertools import repeat
-from operator import attrgetter, is_, methodcaller
+from operator import attrgetter, is_, methodcaller, setitem
 from typing import Any
 
 from django.conf import settings
@@ -58,18 +59,35 @@ def _give_keys(batches: list[tuple[Any, list[Any]]], made: list[tuple[str, list[
     for model, objs in batches:
         pk = model._meta.pk
         attname = pk.attname
-        mine = [obj for obj in objs if obj.__dict__.get(attname) is None]
+        given = _stored(objs, attname)
+        mine = objs if given.count(None) == len(given) else [
+            obj for obj, key in zip(objs, given, strict=True) if key is None
+        ]
         if mine and not isinstance(pk, SnowflakeAutoField):
             raise BulkLoadError(
                 f"{model._meta.label}.{pk.name} is not a SnowflakeAutoField, so objects "
                 f"without a key cannot get one up front ({len(mine)} have none)"
             )
         waiting.append((attname, mine))
-    keys = iter(_next_keys(sum(len(mine) for _, mine in waiting)))
+    keys = _next_keys(sum(len(mine) for _, mine in waiting))
+    start = 0
     for attname, mine in waiting:
-        for obj, key in zip(mine, keys, strict=False):
-            obj.__dict__[attname] = key
+        _store(mine, attname, keys[start : start + len(mine)])
+        start += len(mine)
         made.append((attname, mine))
+
+
+_DICT = attrgetter("__dict__")
+
+
+def _stored(objs: list[Any], attname: str) -> list[Any]:
+    """``obj.__dict__.get(attname)`` of every object, at C speed (never a deferred load)."""
+    return list(map(methodcaller("get", attname), map(_DICT, objs)))
+
+
+def _store(objs: list[Any], attname: str, values: list[Any]) -> None:
+    """``obj.__dict__[attname] = value`` for every object, at C speed."""
+    deque(map(setitem, map(_DICT, objs), repeat(attname), values), maxlen=0)
 
 
 #: Field classes whose ``get_db_prep_save`` returns a value of this exact type unchanged
@@ -116,7 +134,10 @@ def _link(objs: list[Any], field: Any, linked: list[tuple[str, list[Any]]]) -> N
     foreign key column, as ``save()`` does; an unsaved related object is an error, as there.
     (Whole columns at a time through ``map``: per-object Python code is most of the cost.)"""
     attname, target = field.attname, field.target_field.attname
-    empty = [obj for obj in objs if obj.__dict__.get(attname) is None]
+    given = _stored(objs, attname)
+    empty = objs if given.count(None) == len(given) else [
+        obj for obj, key in zip(objs, given, strict=True) if key is None
+    ]
     caches = map(attrgetter("_state.fields_cache"), empty)
     related = list(map(methodcaller("get", field.cache_name), caches))
     if any(map(is_, related, repeat(None))):  # no key, no related object: left to the column
@@ -128,8 +149,7 @@ def _link(objs: list[Any], field: Any, linked: list[tuple[str, list[Any]]]) -> N
             f"bulk_load() prohibited to prevent data loss due to unsaved related object "
             f"'{field.name}' (load its objects in this call or before)"
         )
-    for obj, key in zip(empty, keys, strict=True):
-        obj.__dict__[attname] = key
+    _store(empty, attname, keys)
     linked.append((attname, empty))
 
 
@@ -217,13 +237,12 @@ def bulk_load(
                     )
     except BaseException:
         for attname, objs in made:  # the keys made and the foreign keys copied from them
-            for obj in objs:
-                obj.__dict__[attname] = None
+            _store(objs, attname, [None] * len(objs))
         raise
     for _, objs in batches:
-        for state in map(attrgetter("_state"), objs):
-            state.adding = False
-            state.db = alias
+        states = list(map(attrgetter("_state"), objs))
+        deque(map(setattr, states, repeat("adding"), repeat(False)), maxlen=0)
+        deque(map(setattr, states, repeat("db"), repeat(alias)), maxlen=0)
     return lists
 
 

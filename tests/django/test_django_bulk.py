@@ -153,3 +153,20 @@ def test_mariadb_load_data_with_the_alias_option(tx_backend: str) -> None:
     finally:
         connection.close()
         del options["local_infile"]
+
+
+def test_values_are_converted_as_an_insert_would(backend: str) -> None:
+    customer = Customer.objects.create(name="ada")
+    order = Order(customer=customer, total_cents="12", note=5)  # Django converts these
+    orders = [Order(customer_id=customer.pk, total_cents=i) for i in range(3)]
+    bulk_load([order, *orders])
+    stored = Order.objects.get(pk=order.pk)
+    assert (stored.total_cents, stored.note) == (12, "5")
+    assert sorted(Order.objects.values_list("total_cents", flat=True)) == [0, 1, 2, 12]
+
+
+def test_an_unsaved_related_object_is_refused(backend: str) -> None:
+    customer = Customer(name="not saved, not loaded")
+    with pytest.raises(ValueError, match="unsaved related object 'customer'"):
+        bulk_load([Order(customer=customer)])
+    assert Order.objects.count() == 0
