@@ -267,3 +267,43 @@ def test_mariadb_without_local_infile(mariadb_db: ScratchDatabase) -> None:
                 bulk_load(connection, orders, _order_rows(3), mariadb_method="load_data")
             keys = bulk_load(connection, orders, _order_rows(3000))  # auto: multi-row INSERTs
             assert _count(connection, orders) == len(set(keys)) == 3000
+
+
+def test_per_shard_loads_with_keys_that_carry_their_shard(database_factory: Any) -> None:
+    """The sharding pattern: group the families by the shard of their customer, then one
+    ``bulk_load_with_children`` per shard connection; a ``shard_for`` default puts each
+    order's shard into its key."""
+    from snowflake_db import Layout, SnowflakeGenerator
+    from snowflake_db.sharding import ShardRouter
+    from snowflake_db.sqlalchemy import SnowflakeDefault
+
+    layout = Layout(sequence_bits=10, shard_bits=2)
+    router = ShardRouter(["a", "b"], layout=layout)
+    generator = SnowflakeGenerator(3, layout=layout)
+    sharded = MetaData()
+    shard_orders = Table(
+        "orders", sharded,
+        snowflake_column("id", default=SnowflakeDefault(
+            generator, shard_for=lambda row: router.shard_for_key(row["customer_id"]))),
+        Column("customer_id", BigInteger, nullable=False),
+    )
+    shard_items = Table(
+        "items", sharded, snowflake_column("id", default=SnowflakeDefault(generator)),
+        snowflake_fk_column("orders.id", "order_id"), Column("sku", String(20)),
+    )
+    engines = {name: create_engine(database_factory("sqlite").url) for name in ("a", "b")}
+    for engine in engines.values():
+        sharded.create_all(engine)
+    by_target: dict[str, list[Any]] = {"a": [], "b": []}
+    for customer in range(40):
+        family = ({"customer_id": customer}, [{"sku": f"{customer}-{j}"} for j in range(2)])
+        by_target[router.target_for_key(customer)].append(family)
+    for target, families in by_target.items():
+        with engines[target].begin() as connection:
+            keys = bulk_load_with_children(connection, shard_orders, shard_items, families,
+                                           parent_column="order_id")
+        assert [router.target_for_id(key) for key in keys] == [target] * len(families)
+        with engines[target].connect() as connection:
+            assert _count(connection, shard_items) == 2 * len(families)
+    for engine in engines.values():
+        engine.dispose()
