@@ -307,3 +307,28 @@ def test_per_shard_loads_with_keys_that_carry_their_shard(database_factory: Any)
             assert _count(connection, shard_items) == 2 * len(families)
     for engine in engines.values():
         engine.dispose()
+
+
+def test_rows_of_another_shape_are_named(sqlite_db: ScratchDatabase) -> None:
+    from snowflake_db.errors import InvalidArgumentError
+
+    for engine in _engine(sqlite_db):
+        rows = _order_rows(5)
+        del rows[3]["note"]
+        with engine.connect() as connection:
+            with pytest.raises(InvalidArgumentError, match="row 3 of bulk_orders lacks 'note'"):
+                bulk_load(connection, orders, rows)
+            rows = _order_rows(5)
+            rows[2]["colour"] = "red"
+            with pytest.raises(InvalidArgumentError, match=r"row 2 .* \['colour'\]"):
+                bulk_load(connection, orders, rows)
+            mixed = _order_rows(4)
+            mixed[1]["id"] = 77  # keys given for some rows only
+            kids = [[{"sku": "a", "quantity": 1, "order_id": None}], [{"sku": "b", "quantity": 2}]]
+            keys = bulk_load(connection, orders, mixed[:2])
+            assert keys[1] == 77 and keys[0] != 77
+            parents = bulk_load_with_children(connection, orders, items,
+                                              zip(mixed[2:], kids, strict=True),
+                                              parent_column="order_id")
+            got = dict(connection.execute(select(items.c.sku, items.c.order_id)).all())
+            assert got == {"a": parents[0], "b": parents[1]}

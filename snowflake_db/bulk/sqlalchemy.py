@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain, repeat
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Table, inspect
@@ -23,7 +25,7 @@ from sqlalchemy.orm.exc import UnmappedColumnError
 from ..errors import BulkLoadError
 from ..sqlalchemy.generators import snowflake_default_of
 from .load import load_rows
-from .table import BulkTable, fill_keys, rows_as_lists
+from .table import BulkTable, ColumnRows, fill_key_column, rows_as_lists
 
 __all__ = ["bulk_load", "bulk_load_with_children"]
 
@@ -36,7 +38,7 @@ class _Batch:
 
     table: Table
     spec: BulkTable
-    rows: list[list[Any]]
+    rows: ColumnRows
     objects: list[Any] | None
     key_attr: str | None
 
@@ -112,12 +114,34 @@ def _object_rows(
     return spec, rows, key_attr
 
 
+def _columns(
+    spec: BulkTable, rows: Sequence[Mapping[str, Any] | Sequence[Any]], optional: set[str]
+) -> ColumnRows:
+    """The rows as columns, read a column at a time when every row has the same shape (the
+    common case); otherwise row by row, which names the first row that differs."""
+    try:
+        if isinstance(rows[0], Mapping):
+            if len(set(map(len, rows))) == 1:
+                absent = optional - set(rows[0])  # in no row, since all have the same keys
+                return ColumnRows([
+                    [None] * len(rows) if name in absent
+                    else list(map(itemgetter(name), rows))
+                    for name in spec.columns
+                ])
+        else:
+            return ColumnRows([list(column) for column in zip(*rows, strict=True)])
+    except (KeyError, ValueError, TypeError):
+        pass
+    lists = rows_as_lists(spec, rows, optional)
+    return ColumnRows([list(column) for column in zip(*lists, strict=True)])
+
+
 def _dict_rows(
     table: Table,
     rows: Sequence[Mapping[str, Any] | Sequence[Any]],
     key: str | None,
     always: str | None,
-) -> tuple[BulkTable, list[list[Any]]]:
+) -> tuple[BulkTable, ColumnRows]:
     first = rows[0]
     if isinstance(first, Mapping):
         given = set(first)
@@ -128,9 +152,8 @@ def _dict_rows(
     else:
         names = [c.name for c in table.columns]
     spec = BulkTable(table.name, tuple(names), key if key in names else None, table.schema)
-    if always is not None and isinstance(first, Mapping):
-        rows = [row if always in row else {**row, always: None} for row in rows]  # type: ignore[dict-item]
-    return spec, rows_as_lists(spec, rows)
+    optional = {name for name in (key, always) if name is not None}
+    return spec, _columns(spec, rows, optional)
 
 
 def _prepare(
@@ -140,7 +163,7 @@ def _prepare(
     items = list(rows)
     key = _key_column(table)
     if not items:
-        return _Batch(table, BulkTable(table.name, ("_",), None), [], None, None)
+        return _Batch(table, BulkTable(table.name, ("_",), None), ColumnRows([]), None, None)
     if isinstance(items[0], Mapping | Sequence) and not isinstance(items[0], str | bytes):
         spec, lists = _dict_rows(table, items, key, always)
         return _Batch(table, spec, lists, None, None)
@@ -153,8 +176,9 @@ def _prepare(
             raise BulkLoadError(
                 f"a bulk load of {mapper.class_.__name__} got a {type(obj).__name__}"
             )
-    spec, lists, key_attr = _object_rows(table, mapper, items, key, always)
-    return _Batch(table, spec, lists, items, key_attr)
+    spec, row_lists, key_attr = _object_rows(table, mapper, items, key, always)
+    columns = ColumnRows([list(column) for column in zip(*row_lists, strict=True)])
+    return _Batch(table, spec, columns, items, key_attr)
 
 
 def _fill_keys(batch: _Batch, connection: Connection) -> None:
@@ -163,14 +187,15 @@ def _fill_keys(batch: _Batch, connection: Connection) -> None:
         return
     default = snowflake_default_of(batch.table.columns[batch.spec.columns[index]])
     assert default is not None
+    column = batch.rows.column(index)
     if default.shard_for is None:
-        fill_keys(batch.rows, index, lambda n: default.ids_for(n, table=batch.table,
-                                                               engine=connection))
+        fill_key_column(column, lambda n: default.ids_for(n, table=batch.table,
+                                                          engine=connection))
         return
     names = batch.spec.columns
-    for row in batch.rows:  # a shard_for default needs each row's values
+    for number, row in enumerate(batch.rows):  # a shard_for default needs each row's values
         if row[index] is None:
-            row[index] = default.id_for(
+            column[number] = default.id_for(
                 table=batch.table, engine=connection, values=dict(zip(names, row, strict=True))
             )
 
@@ -210,7 +235,7 @@ def _give_keys(batch: _Batch) -> list[Any]:
     index = batch.spec.key_index
     if index is None:
         return []
-    keys = [row[index] for row in batch.rows]
+    keys = list(batch.rows.column(index))
     if batch.objects is not None and batch.key_attr is not None:
         for obj, key in zip(batch.objects, keys, strict=True):
             setattr(obj, batch.key_attr, key)
@@ -265,17 +290,18 @@ def bulk_load_with_children(
         raise BulkLoadError(f"{parent_batch.table.name} has no single Snowflake key column")
     connection = _connection(target, parent_batch.table)
     _fill_keys(parent_batch, connection)
+    parent_keys = parent_batch.rows.column(index)
     link = child_batch.spec.columns.index(parent_column) if child_batch.rows else 0
-    rows = iter(child_batch.rows)
-    for (_, kids), parent_row in zip(pairs, parent_batch.rows, strict=True):
-        for _ in kids:
-            next(rows)[link] = parent_row[index]
+    if child_batch.rows:
+        child_batch.rows.column(link)[:] = chain.from_iterable(
+            repeat(key, len(kids)) for (_, kids), key in zip(pairs, parent_keys, strict=True)
+        )
     _fill_keys(child_batch, connection)
     _send(connection, [parent_batch, child_batch], mariadb_method)
-    if child_batch.objects is not None:
+    if child_batch.objects:
         attr = _attr_for(children, parent_column)
-        for obj, row in zip(child_batch.objects, child_batch.rows, strict=True):
-            setattr(obj, attr, row[link])
+        for obj, parent_key in zip(child_batch.objects, child_batch.rows.column(link), strict=True):
+            setattr(obj, attr, parent_key)
     _give_keys(child_batch)
     return _give_keys(parent_batch)
 

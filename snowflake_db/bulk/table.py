@@ -12,7 +12,7 @@ from typing import Any, overload
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["BulkTable", "ColumnRows", "fill_keys", "rows_as_lists"]
+__all__ = ["BulkTable", "ColumnRows", "fill_key_column", "fill_keys", "rows_as_lists"]
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,16 @@ class BulkTable:
 
 
 def rows_as_lists(
-    table: BulkTable, rows: Iterable[Mapping[str, Any] | Sequence[Any]]
+    table: BulkTable,
+    rows: Iterable[Mapping[str, Any] | Sequence[Any]],
+    optional: Iterable[str] = (),
 ) -> list[list[Any]]:
-    """Rows as lists in ``table.columns`` order: mappings by name (a missing key column is
-    ``None``; any other missing or unknown column is an error), sequences as given."""
+    """Rows as lists in ``table.columns`` order: mappings by name (a missing key column, or
+    one named in ``optional``, is ``None``; any other missing or unknown column is an error),
+    sequences as given."""
     columns = table.columns
     known = frozenset(columns)
+    may_miss = {table.key, *optional}
     out: list[list[Any]] = []
     for number, row in enumerate(rows):
         if isinstance(row, Mapping):
@@ -62,10 +66,10 @@ def rows_as_lists(
                     f"that are not among {list(columns)}"
                 )
             try:
-                out.append([row[c] if c in row or c != table.key else None for c in columns])
+                out.append([row[c] if c in row or c not in may_miss else None for c in columns])
             except KeyError as missing:
                 raise InvalidArgumentError(
-                    f"row {number} of {table.label} lacks column {missing.args[0]!r}"
+                    f"row {number} of {table.label} lacks {missing.args[0]!r}"
                 ) from None
         else:
             values = list(row)
@@ -86,6 +90,18 @@ def fill_keys(rows: list[list[Any]], index: int, issue: Callable[[int], list[int
         for row, key in zip(waiting, issue(len(waiting)), strict=True):
             row[index] = key
     return len(waiting)
+
+
+def fill_key_column(column: list[Any], issue: Callable[[int], list[int]]) -> int:
+    """:func:`fill_keys` for a key column kept as a list (:class:`ColumnRows`)."""
+    missing = column.count(None)
+    if missing == len(column):
+        column[:] = issue(missing)
+    elif missing:
+        spots = [index for index, value in enumerate(column) if value is None]
+        for index, key in zip(spots, issue(missing), strict=True):
+            column[index] = key
+    return missing
 
 
 class ColumnRows(Sequence[tuple[Any, ...]]):
