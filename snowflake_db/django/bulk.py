@@ -24,6 +24,7 @@ from ..bulk.load import load_rows
 from ..bulk.table import BulkTable, ColumnRows
 from ..errors import BulkLoadError
 from . import fields as fields_module
+from .columns import require_wide_columns
 from .fields import SnowflakeAutoField, _next_keys
 
 __all__ = ["bulk_load"]
@@ -100,20 +101,21 @@ _PLAIN_TYPES: dict[type, type] = {
 _TIME_FIELDS = (models.DateField, models.TimeField)  # DateTimeField is a DateField
 
 
+def _is_key(field: Any) -> bool:
+    target = field.target_field if field.many_to_one or field.one_to_one else field
+    return type(target) in (SnowflakeAutoField, models.BigAutoField, models.AutoField)
+
+
 def _plain_type(field: Any, vendor: str) -> type | None:
     """The value type that needs no ``get_db_prep_save`` for ``field`` on ``vendor``, if any.
-    Keys (and foreign keys to them) keep the full path on MySQL/MariaDB, where it guards the
-    column width; aware datetimes pass on PostgreSQL (naive ones are refused by the loader)."""
+    Aware datetimes pass on PostgreSQL (naive ones are refused by the loader). Keys and
+    foreign keys to them: ints (on MySQL/MariaDB once the column widths are checked, and not
+    0, which Django refuses there as an AutoField value)."""
     if type(field) in _PLAIN_TYPES:
         return _PLAIN_TYPES[type(field)]
-    if vendor == "mysql":
-        return None
     if type(field) is models.DateTimeField and vendor == "postgresql" and settings.USE_TZ:
         return dt.datetime
-    target = field.target_field if field.many_to_one or field.one_to_one else field
-    if type(target) in (SnowflakeAutoField, models.BigAutoField, models.AutoField):
-        return int
-    return None
+    return int if _is_key(field) else None
 
 
 def _needs_pre_save(field: Any) -> bool:
@@ -179,6 +181,8 @@ def _rows(
         else:
             values = list(map(attrgetter(field.attname), objs))
         plain = _plain_type(field, connection.vendor)
+        if connection.vendor == "mysql" and plain is int and _is_key(field) and 0 in values:
+            plain = None  # validate_autopk_value() refuses it with Django's message
         if plain is None or not set(map(type, values)) <= {plain, type(None)}:
             prepare = field.get_db_prep_save
             values = [
@@ -223,6 +227,8 @@ def bulk_load(
     first_model, first_objs = batches[0]
     alias = using or router.db_for_write(first_model, instance=first_objs[0])
     connection = connections[alias]
+    if connection.vendor == "mysql":
+        require_wide_columns(connection)  # what each key's get_db_prep_save checks there
     made: list[tuple[str, list[Any]]] = []
     try:
         with transaction.atomic(using=alias):
