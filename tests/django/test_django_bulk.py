@@ -170,3 +170,11 @@ def test_an_unsaved_related_object_is_refused(backend: str) -> None:
     with pytest.raises(ValueError, match="unsaved related object 'customer'"):
         bulk_load([Order(customer=customer)])
     assert Order.objects.count() == 0
+
+
+@backends("mariadb")
+def test_mariadb_keeps_djangos_refusal_of_key_zero(backend: str) -> None:
+    customer = Customer.objects.create(name="ada")
+    with pytest.raises(ValueError, match="does not accept 0"):
+        bulk_load([Order(pk=0, customer=customer), Order(customer=customer)])
+    assert Order.objects.count() == 0
