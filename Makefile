@@ -37,10 +37,13 @@ lint: $(TEST_STAMP)
 	$(BIN)/mypy --strict snowflake_db
 
 # pytest includes README.md (every code block runs) and tests/test_packaging.py (sdist and wheel
-# built offline, the wheel installed into a fresh venv and smoke-tested there). A module's tests
-# marked `timing` run one at a time in one process, first (tests/conftest.py).
+# built offline, the wheel installed into a fresh venv and smoke-tested there). The tests marked
+# `timing` run after the others, two modules at a time, a module's tests one at a time
+# (tests/conftest.py); both passes always run.
 pytest: $(TEST_STAMP) $(SPIDER_PLUGIN)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not timing"; \
+	status=$$?; $(BIN)/python -m pytest -n 2 --dist loadgroup -m timing || status=1; \
+	exit $$status
 
 # MariaDB's Spider plugin for the throwaway Spider servers of tests/test_sharding_spider.py,
 # fetched from Debian's packages and unpacked into .venv/spider (never installed system-wide).
@@ -49,7 +52,8 @@ $(SPIDER_PLUGIN):
 
 # tests/django again under Django 6 on Python 3.12 (builds .venv/django6-py312 once).
 django6: $(TEST_STAMP)
-	bash tests/run_django6.sh -q -n $(DJANGO6_WORKERS) --dist loadgroup
+	bash tests/run_django6.sh -q -n $(DJANGO6_WORKERS) --dist loadgroup -m "not timing"; \
+	status=$$?; bash tests/run_django6.sh -q -m timing || status=1; exit $$status
 
 package-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests/test_packaging.py

@@ -4,10 +4,11 @@ import pytest
 
 pytest_plugins = ["tests.plugins.databases", "tests.plugins.process_default"]
 
-# `make test` runs pytest -n 6 --dist loadgroup (pytest-xdist: tests in parallel processes).
-# Tests marked `timing` judge lease timings (fencing before a deadline, renewals across an
-# outage) or start dozens of processes: those of one module run one at a time, in one process,
-# and first, as they take longest. Every test has its own database and tmp_path.
+# `make test` runs pytest -n 6 --dist loadgroup -m "not timing" (pytest-xdist: tests in
+# parallel processes), then pytest -n 2 --dist loadgroup -m timing: those tests judge lease
+# timings (fencing before a deadline, renewals across an outage) or start dozens of processes,
+# so they run after the others, two modules at a time and a module's tests one at a time.
+# Every test has its own database and tmp_path.
 
 # Run only in its own subprocess (tests/test_sharding_django.py), with its own Django settings:
 # the main run does not collect it at all rather than report it skipped.
@@ -20,15 +21,15 @@ collect_ignore = (
 def pytest_configure(config: object) -> None:
     config.addinivalue_line(  # type: ignore[attr-defined]
         "markers",
-        "timing: judges lease timings or loads the machine (a module's run one at a time, "
-        "first)",
+        "timing: judges lease timings or loads the machine (make test runs these after the "
+        "others, a module's one at a time)",
     )
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A module's `timing` tests form one group, run one at a time by one pytest-xdist worker
-    while the others share the rest; first in the order, as they take longest."""
+    """A module's `timing` tests form one group, run one at a time by one pytest-xdist worker;
+    first in the order, as they take longest."""
     for item in items:
         if item.get_closest_marker("timing") is not None:
             item.add_marker(pytest.mark.xdist_group(f"timing-{item.nodeid.split('::')[0]}"))
