@@ -125,6 +125,44 @@ def _round_trip(engine: Engine, rows: list[dict[str, Any]], **options: Any) -> N
         _same(row, back[key], zoned)
 
 
+plain = Table(  # only types that snowflake_db.bulk.copy_text formats itself
+    "bulk_plain", meta, snowflake_column("id"),
+    Column("s", Text), Column("ts", DateTime(timezone=True).with_variant(
+        mysql.DATETIME(fsp=6), "mysql", "mariadb")),
+    Column("d", Numeric(30, 10, asdecimal=True)), Column("b", Boolean), Column("n", BigInteger),
+)
+
+
+def test_postgresql_copy_text_path_round_trips(postgres_db: ScratchDatabase) -> None:
+    """Columns of plain values skip psycopg's per-row adaptation: still exact."""
+    engine = _engine(postgres_db)
+    no_nul = TEXT.filter(lambda s: "\x00" not in s)
+    row = st.fixed_dictionaries({
+        "s": st.none() | no_nul, "ts": st.none() | TIMES, "d": st.none() | DECIMALS,
+        "b": st.none() | st.booleans(),
+        "n": st.none() | st.sampled_from(EDGES) | st.integers(-(2**63), 2**63 - 1),
+    })
+
+    @PROPERTY
+    @given(rows=st.lists(row, min_size=1, max_size=15))
+    def check(rows: list[dict[str, Any]]) -> None:
+        with engine.connect() as connection:
+            keys = bulk_load(connection, plain, rows)
+            back = {r.id: r for r in connection.execute(select(plain))}
+            connection.rollback()
+        for key, expected in zip(keys, rows, strict=True):
+            got = back[key]
+            assert (got.s, got.ts, got.d, got.n) == (
+                expected["s"], expected["ts"], expected["d"], expected["n"],
+            )
+            assert got.b is expected["b"]
+
+    try:
+        check()
+    finally:
+        engine.dispose()
+
+
 def test_postgresql_copy_round_trips_every_value(postgres_db: ScratchDatabase) -> None:
     engine = _engine(postgres_db)
 
