@@ -79,6 +79,7 @@ def _give_keys(batches: list[tuple[Any, list[Any]]], made: list[tuple[str, list[
 
 
 _DICT = attrgetter("__dict__")
+_STATE_DICT = attrgetter("_state.__dict__")
 
 
 def _stored(objs: list[Any], attname: str) -> list[Any]:
@@ -245,10 +246,9 @@ def bulk_load(
         for attname, objs in made:  # the keys made and the foreign keys copied from them
             _store(objs, attname, [None] * len(objs))
         raise
+    saved = methodcaller("update", adding=False, db=alias)  # ModelState's plain attributes
     for _, objs in batches:
-        states = list(map(attrgetter("_state"), objs))
-        deque(map(setattr, states, repeat("adding"), repeat(False)), maxlen=0)
-        deque(map(setattr, states, repeat("db"), repeat(alias)), maxlen=0)
+        deque(map(saved, map(_STATE_DICT, objs)), maxlen=0)
     return lists
 
 
