@@ -14,11 +14,12 @@ import datetime as dt
 from collections import deque
 from collections.abc import Iterable
 from itertools import repeat
-from operator import attrgetter, is_, methodcaller, setitem
+from operator import attrgetter, is_, itemgetter, methodcaller, setitem
 from typing import Any
 
 from django.conf import settings
 from django.db import connections, models, router, transaction
+from django.db.models.query_utils import DeferredAttribute
 
 from ..bulk.load import load_rows
 from ..bulk.table import BulkTable, ColumnRows
@@ -132,6 +133,18 @@ def _needs_pre_save(field: Any) -> bool:
     return True
 
 
+def _read(model: Any, attname: str, objs: list[Any], dicts: list[dict[str, Any]]) -> list[Any]:
+    """Every object's ``attname``: from the instance dicts where Django's own descriptor
+    serves it from there (the common case, at dict speed), else by ``getattr`` (deferred
+    fields load, custom descriptors run)."""
+    if isinstance(getattr(model, attname, None), DeferredAttribute):
+        try:
+            return list(map(itemgetter(attname), dicts))
+        except KeyError:
+            pass
+    return list(map(attrgetter(attname), objs))
+
+
 def _link(objs: list[Any], field: Any, linked: list[tuple[str, list[Any]]]) -> None:
     """Copy the keys of related objects set by assignment (``item.order = order``) into the
     foreign key column, as ``save()`` does; an unsaved related object is an error, as there.
@@ -176,11 +189,12 @@ def _rows(
         for field in relations:
             _link(objs, field, linked)
     columns = []
+    dicts = list(map(_DICT, objs))
     for field in fields:
         if _needs_pre_save(field):
             values = [field.pre_save(obj, True) for obj in objs]
         else:
-            values = list(map(attrgetter(field.attname), objs))
+            values = _read(model, field.attname, objs, dicts)
         plain = _plain_type(field, connection.vendor)
         if connection.vendor == "mysql" and plain is int and _is_key(field) and 0 in values:
             plain = None  # validate_autopk_value() refuses it with Django's message
