@@ -117,10 +117,10 @@ def test_every_process_is_counted_exactly_once(tmp_path: Path, sqlite_db: Scratc
     assert running["snowflake_db_time_left_days"] > 20_000
     assert report["second_call"].startswith("InvalidArgumentError: publish_multiprocess(")
     assert "already publishes every 0.1 s" in report["second_call"]
-    # Eleven processes wrote counters (pool children included), each to its own file; a pool may
-    # also have started a replacement worker before close() that never got a task (its file
-    # holds zeros, as the totals above show).
-    assert 11 <= sum(name.startswith("counter_") for name in report["files"]) <= 13
+    # Eleven processes wrote counters (pool children included), each to its own file; each pool
+    # may also have started up to two replacement workers before close() that never got a task
+    # (their files hold zeros, as the totals above show).
+    assert 11 <= sum(name.startswith("counter_") for name in report["files"]) <= 15
 
 
 def test_without_multiprocess_mode_the_error_says_how_to_set_it(
