@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 
+from . import forks
 from .errors import SignalHandlersError
 
 _Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
@@ -124,7 +125,12 @@ def _release_then_chain(signum: int, frame: FrameType | None) -> None:
 
 
 def _run_release_hooks(wait_seconds: float) -> None:
-    """Run the hooks in a helper thread and wait for them at most ``wait_seconds``."""
+    """Run the hooks in a helper thread and wait for them at most ``wait_seconds``; inline in a
+    process that may start no thread (forked without Python's hooks and not repaired)."""
+    if not forks.threads_allowed():
+        for hook in list(_release_hooks):
+            hook()
+        return
     done = threading.Event()
 
     def release() -> None:
