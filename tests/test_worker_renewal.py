@@ -136,15 +136,16 @@ def _assert_unique_and_increasing_per_thread(callers: Callers) -> None:
 def test_callers_keep_the_lease_when_the_heartbeat_thread_is_stopped(
     any_db: ScratchDatabase,
 ) -> None:
-    with allocator(any_db, lease_seconds=LEASE_SECONDS) as alloc:
+    with allocator(any_db, lease_seconds=STEADY_LEASE_SECONDS) as alloc:
         gen = SnowflakeGenerator(allocator=alloc)
         gen.ensure_worker()
         lease = _lease(gen)
         alloc._heartbeat.stop()
         before = read_slots(any_db.url)[lease.worker_id]
         renewals = lease.renewals
+        seconds = 9 * alloc.renew_every  # three lease lengths: only callers can renew
         with calling(gen) as callers:
-            time.sleep(4 * LEASE_SECONDS)  # four lease lengths: only callers can renew
+            time.sleep(seconds)
         assert callers.errors == []
         _assert_unique_and_increasing_per_thread(callers)
         # Every renewal since the stop came through the caller path, about one per period.
@@ -153,7 +154,8 @@ def test_callers_keep_the_lease_when_the_heartbeat_thread_is_stopped(
         after = read_slots(any_db.url)[lease.worker_id]
         assert after.lease_token == before.lease_token and after.state == "live"
         assert after.renewed_at_ms is not None and before.renewed_at_ms is not None
-        assert after.renewed_at_ms - before.renewed_at_ms >= 3 * LEASE_SECONDS * 1000
+        renewed_for_ms = after.renewed_at_ms - before.renewed_at_ms
+        assert renewed_for_ms >= (seconds - 2 * alloc.renew_every) * 1000
         assert after.high_water_ms > before.high_water_ms
         assert not lease.lost and gen.lease is lease
         gen.close()
