@@ -120,7 +120,14 @@ FORK_TIMEOUT_S = 60
 
 
 def run_in_fork(child: Callable[[], Any], fork: Callable[[], int] = os.fork) -> Any:
-    """Run ``child`` in a forked child; return its result or a report of its exception."""
+    """Run ``child`` in a forked child; return its result or a report of its exception.
+
+    A fork without Python's hooks (``fork`` other than ``os.fork``) first waits until this
+    process's other threads (pytest-xdist's) have gone quiet: one waiting for the GIL at the fork
+    leaves the child a GIL that can hang it before the library's repair runs (see
+    tests/test_fork_busy_heartbeat.py, which forks beside a busy thread on purpose)."""
+    if fork is not os.fork:
+        time.sleep(0.2)
     read_fd, write_fd = os.pipe()
     pid = fork()
     if pid == 0:  # pragma: no cover - runs in the child, which never returns to pytest

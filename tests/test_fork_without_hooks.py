@@ -173,6 +173,8 @@ def test_hookless_child_never_takes_ids_from_the_parents_window() -> None:
 
     def child() -> dict[str, Any]:
         live = _window_live(generator)
+        # The library's first call repairs a hook-less child; no thread may start before it.
+        forks.reset_if_forked()
         mover = threading.Timer(0.2, clock.advance, args=(1,))  # the next tick, a bit later
         mover.start()
         first = generator.next_id()
