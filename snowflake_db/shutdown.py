@@ -128,20 +128,23 @@ def _run_release_hooks(wait_seconds: float) -> None:
     """Run the hooks in a helper thread and wait for them at most ``wait_seconds``; inline in a
     process that may start no thread (forked without Python's hooks and not repaired)."""
     if not forks.threads_allowed():
-        for hook in list(_release_hooks):
-            hook()
+        _run_hooks()
         return
     done = threading.Event()
 
     def release() -> None:
         try:
-            for hook in list(_release_hooks):
-                hook()  # the hooks log their own failures; the signal must go on regardless
+            _run_hooks()
         finally:
             done.set()
 
     threading.Thread(target=release, name="snowflake_db-release", daemon=True).start()
     done.wait(wait_seconds)
+
+
+def _run_hooks() -> None:
+    for hook in list(_release_hooks):
+        hook()  # the hooks log their own failures; the signal must go on regardless
 
 
 def _chain(signum: int, frame: FrameType | None) -> None:
