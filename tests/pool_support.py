@@ -24,6 +24,14 @@ def configure_child(url: str, lease_seconds: float) -> None:
     snowflake_db.configure(allocator=allocator, layout=POOL_LAYOUT)
 
 
+def configured_parent(url: str, lease_seconds: float) -> TableWorkerAllocator:
+    """Configure and use the process-wide generator in the parent: forked children inherit it."""
+    allocator = TableWorkerAllocator(url, lease_seconds=lease_seconds)
+    snowflake_db.configure(allocator=allocator, layout=POOL_LAYOUT)
+    snowflake_db.snowflake_default()
+    return allocator
+
+
 def issue_ids(task: int) -> TaskResult:
     """Issue a few IDs from the process-wide generator: ``(task, worker, ids, error)``."""
     try:

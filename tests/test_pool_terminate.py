@@ -17,12 +17,11 @@ import pytest
 
 import snowflake_db
 from snowflake_db.shutdown import RELEASE_WAIT_SECONDS
-from snowflake_db.worker import TableWorkerAllocator
 
 from .plugins.databases import ScratchDatabase
 from .pool_support import (
-    POOL_LAYOUT,
     configure_child,
+    configured_parent,
     issue_ids,
     lease_then_install_handlers,
     lease_then_wait,
@@ -46,9 +45,7 @@ class _Parent:
     """The parent's configured generator (fork children inherit it) and its own slot."""
 
     def __init__(self, url: str) -> None:
-        self.allocator = TableWorkerAllocator(url, lease_seconds=LEASE_SECONDS)
-        snowflake_db.configure(allocator=self.allocator, layout=POOL_LAYOUT)
-        snowflake_db.snowflake_default()
+        self.allocator = configured_parent(url, LEASE_SECONDS)
         self.worker_id = snowflake_db.get_generator().worker_id
 
     def close(self) -> None:

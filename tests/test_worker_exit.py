@@ -21,7 +21,13 @@ import snowflake_db
 from snowflake_db.worker import TableWorkerAllocator
 
 from .plugins.databases import ScratchDatabase
-from .pool_support import POOL_LAYOUT, TaskResult, configure_child, issue_ids
+from .pool_support import (
+    POOL_LAYOUT,
+    TaskResult,
+    configure_child,
+    configured_parent,
+    issue_ids,
+)
 from .worker_support import read_slots
 
 TASKS = 100
@@ -97,14 +103,6 @@ def _join_bounded(pool: Any, seconds: float) -> None:
     assert not joiner.is_alive(), "the pool's last children did not exit"
 
 
-def _configured_parent(url: str) -> TableWorkerAllocator:
-    """Configure and use the process-wide generator: forked children inherit it."""
-    parent_allocator = TableWorkerAllocator(url, lease_seconds=LEASE_SECONDS)
-    snowflake_db.configure(allocator=parent_allocator, layout=POOL_LAYOUT)
-    snowflake_db.snowflake_default()
-    return parent_allocator
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
 def test_recycled_billiard_pool_workers_release_their_slots(
@@ -113,7 +111,7 @@ def test_recycled_billiard_pool_workers_release_their_slots(
     """Each worker runs one task and ends through ``Worker._do_exit`` (``os._exit``, after a
     one-second pause billiard makes there): 32 tasks would need 32 slots if none released."""
     url = database_factory(backend).url_string
-    parent_allocator = _configured_parent(url)
+    parent_allocator = configured_parent(url, LEASE_SECONDS)
     parent_worker = snowflake_db.get_generator().worker_id
     pool = billiard.Pool(2, maxtasksperchild=1)
     try:
@@ -147,7 +145,7 @@ def test_billiard_pool_keeps_its_own_exit_callback_and_then_releases(
 ) -> None:
     log = tmp_path / "exits.log"
     monkeypatch.setenv("SNOWFLAKE_TEST_EXIT_LOG", str(log))
-    parent_allocator = _configured_parent(sqlite_db.url_string)
+    parent_allocator = configured_parent(sqlite_db.url_string, LEASE_SECONDS)
     # The Pool class itself: the context's Pool() does not pass on_process_exit on.
     pool = billiard.pool.Pool(1, maxtasksperchild=1, on_process_exit=_record_exit)
     try:
@@ -175,7 +173,7 @@ def test_billiard_process_child_releases_its_slot_as_it_ends(
     backend: str, database_factory: Callable[[str], ScratchDatabase]
 ) -> None:
     url = database_factory(backend).url_string
-    parent_allocator = _configured_parent(url)
+    parent_allocator = configured_parent(url, LEASE_SECONDS)
     parent_worker = snowflake_db.get_generator().worker_id
     try:
         child = billiard.Process(target=_lease_and_return)
