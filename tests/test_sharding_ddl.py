@@ -6,7 +6,8 @@ mariadbd with Spider whose backends are databases on the same server, reached as
 password. Each test migrates its own databases with ``op.create_sharded_orders`` (a real
 ``alembic upgrade``/``downgrade``) or Django's ``CreateShardedOrders`` (forwards and backwards,
 in a subprocess with its own settings), places orders and items for many customers through the
-coordinator or the Spider table, and reads each backend directly. Without the binaries the
+coordinator or the Spider table, and reads each backend directly. Bulk loads go the other
+way: straight to each shard, then read through the coordinator or the Spider table. Without the binaries the
 tests skip with the reason; under ``CI=true`` they fail.
 """
 
@@ -25,6 +26,7 @@ import psycopg
 import pymysql
 import pytest
 from alembic import command
+from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, create_engine
 from sqlalchemy.engine import make_url
 
 from example_project import local_servers
@@ -32,6 +34,7 @@ from snowflake_db import SnowflakeGenerator
 from snowflake_db.sharding import ShardRouter
 from snowflake_db.sharding import ddl as d
 from snowflake_db.sharding.engines import BIGINT_MAX
+from snowflake_db.sqlalchemy import SnowflakeDefault, bulk_load_with_children, snowflake_column
 
 from .alembic_support import make_project, write_revision
 from .plugins.databases import ScratchDatabase, in_ci
@@ -394,3 +397,98 @@ def test_django_operation_forwards_and_backwards_on_postgres_fdw_and_spider(
     assert SECRET not in backwards["log"]
     _assert_postgres_empty(postgres, "django_shop")
     _assert_spider_empty(spider, "dj")
+
+
+# -- bulk loads straight to the owning shard ---------------------------------------------------
+
+_direct = MetaData()
+_ids = SnowflakeDefault(SnowflakeGenerator(11))
+DIRECT_ORDERS = Table("orders", _direct, snowflake_column("id", default=_ids),
+                      Column("customer_id", BigInteger), Column("total_cents", BigInteger))
+DIRECT_ITEMS = Table(
+    "order_items", _direct, snowflake_column("id", default=_ids),
+    Column("order_id", BigInteger), Column("customer_id", BigInteger), Column("sku", String(32)),
+    Column("quantity", Integer), Column("price_cents", BigInteger),
+)
+
+
+def _families() -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """An order with one or two items for each of _orders()'s customers (no keys: the loader
+    makes them)."""
+    customers = sorted({customer for _, customer, _ in _orders()[0]})
+    return [({"customer_id": customer, "total_cents": 100 + n},
+             [{"customer_id": customer, "sku": f"sku{k}", "quantity": 1 + k, "price_cents": 250}
+              for k in range(1 + n % 2)])
+            for n, customer in enumerate(customers)]
+
+
+def _load_straight_to_shards(router: ShardRouter, shard_urls: list[str],
+                             families: list[tuple[dict[str, Any], list[dict[str, Any]]]]
+                             ) -> dict[int, list[int]]:
+    """``bulk_load_with_children`` once per shard with the families the router gives it;
+    returns each customer's order keys."""
+    grouped: dict[str, list[tuple[dict[str, Any], list[dict[str, Any]]]]] = {}
+    for family in families:
+        grouped.setdefault(router.target_for_key(family[0]["customer_id"]), []).append(family)
+    assert len(grouped) == SHARDS
+    orders_of: dict[int, list[int]] = {}
+    for index, url in enumerate(shard_urls):
+        mine = grouped[f"shard{index}"]
+        engine = create_engine(url, connect_args={"local_infile": True} if "mysql" in url else {})
+        try:
+            with engine.begin() as connection:
+                keys = bulk_load_with_children(connection, DIRECT_ORDERS, DIRECT_ITEMS, mine,
+                                               parent_column="order_id")
+        finally:
+            engine.dispose()
+        for (parent, _), key in zip(mine, keys, strict=True):
+            orders_of.setdefault(parent["customer_id"], []).append(key)
+    return orders_of
+
+
+def _assert_seen_through_front(cursor: Any, orders_of: dict[int, list[int]],
+                               items: int) -> None:
+    """The coordinator (or Spider table) finds each customer's orders by ``customer_id``: it
+    prunes to the one partition its own hash picks, so a row loaded on another shard would
+    be missing here."""
+    cursor.execute("SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM order_items)")
+    assert tuple(int(n) for n in cursor.fetchone()) == (len(orders_of), items)
+    for customer, keys in orders_of.items():
+        cursor.execute("SELECT id FROM orders WHERE customer_id = %s", (customer,))
+        assert sorted(int(r[0]) for r in cursor.fetchall()) == sorted(keys), customer
+        cursor.execute("SELECT DISTINCT order_id FROM order_items WHERE customer_id = %s",
+                       (customer,))
+        assert sorted(int(r[0]) for r in cursor.fetchall()) == sorted(keys), customer
+
+
+def test_bulk_load_straight_to_each_shard_is_seen_through_the_coordinator_and_spider(
+    tmp_path: Path, postgres: list[local_servers.ThrowawayPostgres],
+    spider: local_servers.ThrowawayMariaDB, shard_password: str,
+) -> None:
+    families = _families()
+    items = sum(len(kids) for _, kids in families)
+
+    servers = _pg_shop(postgres, "direct_shop")
+    command.upgrade(_alembic(tmp_path / "pg", postgres[0].url("direct_shop"), "postgresql-fdw",
+                             repr(servers)), "head")
+    router = ShardRouter([f"shard{i}" for i in range(SHARDS)], logical_shards=SHARDS,
+                         engine="postgresql-hash")
+    # Each shard's own table accepts only its remainder: a misrouted COPY would fail here.
+    orders_of = _load_straight_to_shards(
+        router, [c.url("direct_shop") for c in postgres[1:]], families)
+    with _pg(postgres[0], "direct_shop") as coordinator:
+        _assert_seen_through_front(coordinator.cursor(), orders_of, items)
+
+    servers = _spider_shop(spider, "dl")
+    command.upgrade(_alembic(tmp_path / "spider", spider.url("dl_front"), "spider",
+                             repr(servers)), "head")
+    router = ShardRouter([f"shard{i}" for i in range(SHARDS)], logical_shards=SHARDS,
+                         engine="mariadb-key")
+    orders_of = _load_straight_to_shards(
+        router, [spider.url(f"dl_b{i}") for i in range(SHARDS)], families)
+    front = spider.connect("dl_front")
+    try:
+        with front.cursor() as cursor:
+            _assert_seen_through_front(cursor, orders_of, items)
+    finally:
+        front.close()
