@@ -7,8 +7,8 @@ password. Each test migrates its own databases with ``op.create_sharded_orders``
 ``alembic upgrade``/``downgrade``) or Django's ``CreateShardedOrders`` (forwards and backwards,
 in a subprocess with its own settings), places orders and items for many customers through the
 coordinator or the Spider table, and reads each backend directly. Bulk loads go the other
-way: straight to each shard, then read through the coordinator or the Spider table. Without the binaries the
-tests skip with the reason; under ``CI=true`` they fail.
+way: straight to each shard, then read through the coordinator or the Spider table. Without
+the binaries the tests skip with the reason; under ``CI=true`` they fail.
 """
 
 from __future__ import annotations
