@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import forks
+from . import forks, metrics
 from ._validate import require_int
 from .clock import Clock
 from .errors import (
@@ -260,3 +260,4 @@ def _after_fork_in_child(parent_pid: int) -> None:
 
 
 forks.on_fork(_after_fork_in_child)
+metrics.set_process_generator_source(current_generator)
