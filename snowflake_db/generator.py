@@ -14,6 +14,9 @@ fork skipped Python's fork hooks.
 
 A window is installed only after every check has passed, and an exception in the slow path leaves
 the generator exactly as it was: no ID is ever issued twice, even after a failed call.
+
+The clock in ticks (raw units, tick arithmetic, the bounded wait for the next tick) is
+:mod:`snowflake_db._ticks`; the counting is :mod:`snowflake_db.metrics`'.
 """
 
 from __future__ import annotations
@@ -29,12 +32,11 @@ from itertools import islice
 from operator import length_hint
 
 from . import forks
+from ._ticks import RawTicks
 from ._validate import require_int
-from .clock import Clock, MonotonicClock, default_clock
+from .clock import Clock, default_clock
 from .errors import (
-    ClockError,
     ClockMovedBackwardsError,
-    ClockStalledError,
     ForkedWorkerIdError,
     GeneratorClosedError,
     InvalidArgumentError,
@@ -61,9 +63,6 @@ MAX_BACKFILL_MS = 100
 #: Most IDs one ``next_ids`` call returns (about 2.4 s of a 12-bit sequence at 1 ms ticks, and
 #: some 400 MB of Python ints): ask again for more.
 MAX_IDS_PER_CALL = 10_000_000
-
-_NS_PER_MS = 1_000_000
-_SPIN_BELOW_MS = 2
 
 _GIL_DISABLED = not getattr(sys, "_is_gil_enabled", lambda: True)()
 
@@ -120,7 +119,9 @@ class SnowflakeGenerator:
         self._closed = False
         self._lock = threading.Lock()
         self._last_tick = -1
-        self._setup_raw_clock()
+        self._ticks = RawTicks(self.clock, self.layout)
+        self._raw_clock = self._ticks.read
+        self._max_shard = self.layout.max_shard
         self._metrics = MetricsRecorder.register(self, self.layout)
         self._retire_window()
         # The instance attribute shadows the method: callers get the lock-free closure.
@@ -216,50 +217,7 @@ class SnowflakeGenerator:
         source = "static" if self._allocator is None else "leased"
         return f"<SnowflakeGenerator worker_id={self.worker_id} ({source}) layout={self.layout!r}>"
 
-    # -- clock and window arithmetic ------------------------------------------------------------
-
-    def _setup_raw_clock(self) -> None:
-        """Express ticks in the raw clock's units so the hot path compares plain ints.
-
-        The layout's other numbers are read from ``self.layout`` where needed: only the slow
-        path needs them, at most once per tick.
-        """
-        layout = self.layout
-        if isinstance(self.clock, MonotonicClock):
-            self._raw_clock: Callable[[], int] = time.monotonic_ns
-            self._raw_per_ms = _NS_PER_MS
-            self._raw_offset = self.clock.offset_ns
-        else:
-            self._raw_clock = self.clock
-            self._raw_per_ms = 1
-            self._raw_offset = 0
-        # unix_ms = (raw + raw_offset) // raw_per_ms ; tick = (raw - raw_epoch) // raw_tick
-        self._raw_epoch = layout.epoch_ms * self._raw_per_ms - self._raw_offset
-        self._raw_tick = layout.tick_ms * self._raw_per_ms
-        self._max_shard = layout.max_shard
-
-    def _read_raw(self) -> int:
-        raw = self._raw_clock()
-        if isinstance(raw, bool) or not isinstance(raw, int):
-            raise InvalidArgumentTypeError(
-                f"the clock must return integer Unix milliseconds, got {type(raw).__name__} {raw!r}"
-            )
-        return raw
-
-    def _ms_of_raw(self, raw: int) -> int:
-        return (raw + self._raw_offset) // self._raw_per_ms
-
-    def _tick_of_raw(self, raw: int) -> int:
-        tick = (raw - self._raw_epoch) // self._raw_tick
-        if tick < 0:
-            raise ClockError(
-                f"the clock reads {self._ms_of_raw(raw)} ms (Unix), before the layout's epoch "
-                f"{self.layout.epoch_ms} ms ({self.layout.epoch.isoformat()})"
-            )
-        return tick
-
-    def _tick_of_ms(self, timestamp_ms: int) -> int:
-        return (timestamp_ms - self.layout.epoch_ms) // self.layout.tick_ms
+    # -- windows -------------------------------------------------------------------------------
 
     def _retire_window(self) -> None:
         """Make the hot path fall through to the slow path (no current window)."""
@@ -283,7 +241,7 @@ class SnowflakeGenerator:
             # Say how far we issue before reading the ceiling: a release ends the lease first
             # and reads this second, so it either covers this tick or we see the ended lease.
             lease.issuing_through(layout.tick_start_ms(tick + 1) - 1)
-            ceiling = self._tick_of_ms(lease.high_water_ms)
+            ceiling = self._ticks.tick_of_ms(lease.high_water_ms)
             if tick > ceiling:
                 self._metrics.lease_refused()
                 raise WorkerLeaseError(
@@ -298,11 +256,11 @@ class SnowflakeGenerator:
         step = 1 << layout.sequence_shift
         end = base + layout.ids_per_tick * step
         iterator = iter(range(base + first_sequence * step, end, step))
-        start = self._raw_epoch + tick * self._raw_tick
+        start = self._ticks.start_of(tick)
         self._metrics.window_opened(iterator)
         self._iter = iterator
         self._last_tick = tick
-        self._window = (start, start + self._raw_tick, iterator.__next__)
+        self._window = (start, start + self._ticks.per_tick, iterator.__next__)
         return iterator
 
     # -- hot path ------------------------------------------------------------------------------
@@ -352,14 +310,15 @@ class SnowflakeGenerator:
         """
         while True:
             self._check_usable()
-            raw = self._read_raw()
-            tick = self._tick_of_raw(raw)
+            ticks = self._ticks
+            raw = ticks.read_checked()
+            tick = ticks.tick_of(raw)
             last = self._last_tick
             if tick > last:
                 if wanted > 1:
                     tick = self._backfill_start(tick, last, wanted)
                 return self._open_window(tick)
-            behind_ms = self.layout.tick_start_ms(last) - self._ms_of_raw(raw)
+            behind_ms = self.layout.tick_start_ms(last) - ticks.ms_of(raw)
             if behind_ms > self.rollback_tolerance_ms:
                 self._metrics.clock_refused(behind_ms)
                 raise ClockMovedBackwardsError(behind_ms, self.rollback_tolerance_ms)
@@ -370,7 +329,12 @@ class SnowflakeGenerator:
                 return self._iter
             # The last tick is used up: wait for the next one, then check everything again
             # (the wait may have outlived the lease).
-            self._wait_for_tick_after(last)
+            ticks.wait_for_tick_after(
+                last,
+                rollback_tolerance_ms=self.rollback_tolerance_ms,
+                max_wait_ms=self.max_wait_ms,
+                metrics=self._metrics,
+            )
 
     def _backfill_start(self, tick: int, last: int, wanted: int) -> int:
         """The first tick for ``wanted`` IDs, the current one being ``tick``: never at or below
@@ -387,34 +351,6 @@ class SnowflakeGenerator:
         layout = self.layout
         back = min((wanted - 1) // layout.ids_per_tick, MAX_BACKFILL_MS // layout.tick_ms)
         return max(last + 1, tick - back)
-
-    def _wait_for_tick_after(self, last: int) -> int:
-        """Wait (bounded) until the clock is past tick ``last``; raise if it goes back or stalls."""
-        next_start_ms = self.layout.tick_start_ms(last + 1)
-        started = time.monotonic()
-        expected_ms = max(0, next_start_ms - self._ms_of_raw(self._read_raw()))
-        give_up = started + (expected_ms + self.max_wait_ms) / 1000
-        while True:
-            raw = self._read_raw()
-            tick = self._tick_of_raw(raw)
-            if tick > last:
-                self._metrics.clock_waited(time.monotonic() - started)
-                return tick
-            now_ms = self._ms_of_raw(raw)
-            behind_ms = self.layout.tick_start_ms(last) - now_ms
-            if behind_ms > self.rollback_tolerance_ms:
-                self._metrics.clock_refused(behind_ms)
-                raise ClockMovedBackwardsError(
-                    behind_ms, self.rollback_tolerance_ms, "while waiting for the next tick"
-                )
-            if time.monotonic() > give_up:
-                raise ClockStalledError(
-                    f"the clock did not reach tick {last + 1} (Unix ms {next_start_ms}) within "
-                    f"{expected_ms + self.max_wait_ms} ms; it reads {now_ms} ms; no ID was issued"
-                )
-            remaining_ms = next_start_ms - now_ms
-            if remaining_ms >= _SPIN_BELOW_MS:
-                time.sleep(min(remaining_ms - 1, 50) / 1000)
 
     def _check_usable(self) -> None:
         """Closed, forked and lease checks; acquires a lease when one is needed."""
@@ -461,7 +397,7 @@ class SnowflakeGenerator:
         self._retire_window()
         if lease.floor_ms is not None:
             # IDs must come from ticks above the previous holder's high-water mark.
-            self._last_tick = max(self._last_tick, self._tick_of_ms(lease.floor_ms))
+            self._last_tick = max(self._last_tick, self._ticks.tick_of_ms(lease.floor_ms))
 
     def _drop_lease(self, *, release: bool, abandon: bool = False) -> None:
         lease, self._lease = self._lease, None
