@@ -219,3 +219,32 @@ class BulkLoadRejectedError(BulkLoadError):
     def __init__(self, message: str, warnings: list[tuple[str, int, str]]) -> None:
         self.warnings = warnings
         super().__init__(message)
+
+
+# -- public order numbers ---------------------------------------------------------------------
+
+
+class PublicIdError(InvalidArgumentError):
+    """A text refused as a public number (:mod:`snowflake_db.public_ids`); never a wrong ID.
+
+    ``reason`` says why, for callers that answer differently: ``"length"``, ``"symbol"``,
+    ``"check"`` (a mistyped or swapped symbol), ``"version"`` (a key version not configured),
+    ``"key"`` (made with another key or namespace, or never issued) or ``"range"`` (a plain
+    form above the largest ID). ``text`` is the refused text.
+    """
+
+    def __init__(self, message: str, *, reason: str, text: str) -> None:
+        self.reason = reason
+        self.text = text
+        super().__init__(message)
+
+
+class PublicIdKeyError(InvalidArgumentError):
+    """A public-ID key that cannot be used (wrong length, bad version, malformed setting).
+
+    The message names the key version and the length, never the key's bytes.
+    """
+
+
+class PublicIdKeysNotConfiguredError(PublicIdKeyError, NotConfiguredError):
+    """No public-ID keys were configured; the message says how to configure them."""
