@@ -46,6 +46,7 @@ class SnowflakeDbConfig(AppConfig):
         # dispatch_uid keeps one receiver per app config however often ready() runs.
         post_migrate.connect(widen_after_migrate, sender=self, dispatch_uid=__name__)
         from .conf import get_settings
+        from .public_id_settings import apply_public_id_keys
         from .worker import explain_invalid_settings
 
         try:
@@ -55,6 +56,7 @@ class SnowflakeDbConfig(AppConfig):
             # learn it from the first ID's NotConfiguredError.
             explain_invalid_settings(error)
             return
+        apply_public_id_keys(conf)
         configure_once(conf)
 
 

@@ -12,7 +12,12 @@ All keys are optional::
         "ALLOCATOR_OPTIONS": {},        # more TableWorkerAllocator keyword arguments
         "GENERATOR_OPTIONS": {},        # more SnowflakeGenerator keyword arguments
         "ENGINE_URL": None,             # SQLAlchemy URL overriding the one built from DATABASES
+        "PUBLIC_ID_KEYS": None,         # "1:<base64>,2:<base64>", bytes or {version: bytes}
     }
+
+``PUBLIC_ID_KEYS`` are the keys of public numbers (:mod:`snowflake_db.public_ids`); unset, the
+``SNOWFLAKE_DB_PUBLIC_ID_KEYS`` environment variable is read. Read them from the environment or
+a secrets store in ``settings.py``; never write a key into code.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ KNOWN_KEYS = frozenset(
         "ALLOCATOR_OPTIONS",
         "GENERATOR_OPTIONS",
         "ENGINE_URL",
+        "PUBLIC_ID_KEYS",
     }
 )
 
@@ -58,6 +64,8 @@ class SnowflakeSettings:
     allocator_options: dict[str, Any] = field(default_factory=dict)
     generator_options: dict[str, Any] = field(default_factory=dict)
     engine_url: str | None = None
+    #: ``{version: key}``, or ``None``: the environment variable's keys
+    public_id_keys: dict[int, bytes] | None = None
 
 
 def _fail(message: str) -> ImproperlyConfigured:
@@ -85,6 +93,27 @@ def _options(raw: dict[str, Any], key: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _fail(f"{key} must be a dict, got {type(value).__name__}")
     return dict(value)
+
+
+def _public_id_keys(value: object) -> dict[int, bytes] | None:
+    """``PUBLIC_ID_KEYS`` checked by the codec's own parser (messages never show a key)."""
+    if value is None:
+        return None
+    from ..public_ids import PublicIdKeyError, format_keys, parse_keys
+
+    try:
+        if isinstance(value, str):
+            return parse_keys(value, source=f"settings.{SETTING_NAME}['PUBLIC_ID_KEYS']")
+        if isinstance(value, bytes | bytearray):
+            value = {1: bytes(value)}
+        if not isinstance(value, dict):
+            raise PublicIdKeyError(
+                "must be the text form '1:<base64>,...', bytes or a {version: bytes} dict, "
+                f"got {type(value).__name__}"
+            )
+        return parse_keys(format_keys(value))
+    except PublicIdKeyError as error:
+        raise _fail(f"PUBLIC_ID_KEYS: {error}") from None
 
 
 def parse(raw: object) -> SnowflakeSettings:
@@ -150,6 +179,7 @@ def parse(raw: object) -> SnowflakeSettings:
         allocator_options=_options(raw, "ALLOCATOR_OPTIONS"),
         generator_options=_options(raw, "GENERATOR_OPTIONS"),
         engine_url=engine_url,
+        public_id_keys=_public_id_keys(raw.get("PUBLIC_ID_KEYS")),
     )
 
 

@@ -2,7 +2,7 @@
 
 ``Customer`` and ``Order`` take the automatic primary key from ``DEFAULT_AUTO_FIELD``
 (SnowflakeAutoField); ``Item`` declares it explicitly; ``Invoice`` keeps a ``BigAutoField`` and
-carries a ``SnowflakeField`` as a public number. The app has no migrations: the test databases
+carries a ``SnowflakeField`` with its ``PublicId``. The app has no migrations: the test databases
 are created from the models, and the migration tests write migrations into temporary folders.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 from django.db import models
 
 from snowflake_db.django import SnowflakeAutoField, SnowflakeField
+from snowflake_db.django.public_ids import PublicId
 
 
 class Customer(models.Model):
@@ -25,6 +26,9 @@ class Order(models.Model):
     total_cents = models.IntegerField(default=0)
     note = models.CharField(max_length=100, blank=True, default="")
     created_by_pid = models.IntegerField(default=0)
+
+    # The public order number: derived from the key, no column.
+    public_id = PublicId(namespace="orders")
 
 
 class Item(models.Model):
@@ -42,6 +46,7 @@ class Invoice(models.Model):
     id = models.BigAutoField(primary_key=True)
     number = SnowflakeField()
     order = models.OneToOneField(Order, on_delete=models.CASCADE, null=True)
+    public_number = PublicId(namespace="invoices", field="number", group=4)
 
 
 class Place(models.Model):
