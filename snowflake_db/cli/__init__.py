@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "snowflake_db.cli.workers",
     "snowflake_db.cli.doctor",
     "snowflake_db.cli.bench",
+    "snowflake_db.cli.public",
 )
 
 #: The command was right, the database let it down (see the module's docstring).
