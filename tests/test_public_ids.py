@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 
 import pytest
 
@@ -258,3 +259,23 @@ def test_group_is_checked(orders: PublicIdCodec) -> None:
 
 def test_repr_shows_no_key_material(orders: PublicIdCodec) -> None:
     assert repr(orders) == "PublicIdCodec(namespace='orders', versions=(1,), current_version=1)"
+
+
+def test_one_codec_shared_by_threads(orders: PublicIdCodec) -> None:
+    # One AES encryptor per key serves every thread (Django and FastAPI share the cached codec).
+    failures: list[str] = []
+
+    def work(seed: int) -> None:
+        try:
+            for snowflake_id in _ids(3_000, seed=seed):
+                assert orders.decode(orders.encode(snowflake_id)) == snowflake_id
+        except Exception as error:  # reported by the main thread
+            failures.append(repr(error))
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert failures == []
