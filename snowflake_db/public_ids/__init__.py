@@ -4,14 +4,15 @@ The number a person sees is computed from the key the database keeps, so nothing
 and a lookup by number is a primary-key lookup::
 
     codec = PublicIdCodec(key, namespace="orders")     # or codec_for("orders")
-    codec.encode(order.id)            # '1K3Z8M0Q4T7VBW2C' (16 symbols; group=4 for display)
-    codec.decode("1k3z-8m0q-4t7v-bw2c")                # -> order.id, or PublicIdError
+    codec.encode(order.id)           # e.g. '1QR8N4X3SRY9QH7D' (16 symbols; group=4 for display)
+    codec.decode("1qr8-n4x3-sry9-qh7d")                # -> order.id, or PublicIdError
 
 What it hides: the ID is enciphered whole with FF1 (NIST SP 800-38G) over AES under a secret key,
 with the namespace and key version as the tweak. Without the key, a number tells nothing about
 when the order was made, which worker made it, its sequence, or, from two numbers, how many
 orders came between: FF1 is a pseudorandom permutation, so numbers of different IDs look like
-independent random values (NIST's 2025 revision keeps FF1; FF3 was dropped after attacks).
+independent random values. The domain, 2**70, is far above SP 800-38G's minimum of one million
+(NIST's 2025 draft revision keeps FF1 and drops FF3, which was broken).
 Unlike multiplicative "Optimus" codes, known (ID, number) pairs do not give up the key.
 
 What it is not: an authenticator. 7 zero bits appended to the 63-bit ID (70 bits, 14 symbols)

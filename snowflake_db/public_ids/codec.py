@@ -3,6 +3,8 @@
 The number is ``V CCCCCCCCCCCCCC K`` in Crockford base32: ``V`` the key version (in clear, so
 the right key is picked), ``C...`` 14 symbols = 70 bits of FF1 ciphertext of the ID's 63 bits
 followed by 7 zero bits, ``K`` the check symbol over the 15 before it (see :mod:`._symbols`).
+No cycle-walking is needed: FF1 permutes all 2**70 values, the ID's 2**63 sit inside them, and a
+decrypted value outside (low bits not zero) is refused, which is the keyed redundancy.
 
 FF1 here runs with radix 32 on 14 numerals: ``u = v = 7``, ``b = 5``, ``d = 12``, and the tweak
 has 10 bytes, so ``Q`` is one block and FF1's PRF of ``P || Q`` is ``AES(AES(P) xor Q)``.
