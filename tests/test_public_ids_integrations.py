@@ -27,7 +27,7 @@ from snowflake_db.public_ids import (
     generate_key,
     parse_keys,
 )
-from snowflake_db.pydantic_public_ids import public_id_type
+from snowflake_db.pydantic import public_id_type
 from snowflake_db.sqlalchemy import snowflake_mapped_column
 from snowflake_db.sqlalchemy.public_ids import public_id_property
 from tests.plugins.databases import ScratchDatabase
