@@ -28,6 +28,7 @@ from .common import (
     plural,
     report_worker,
 )
+from .public_numbers import check_public_numbers, ensure_demo_key
 
 BATCH = 50
 
@@ -37,6 +38,7 @@ def setup_django(options: Options) -> None:
     os.environ["SHOP_CONTROL_URL"] = options.control_url
     os.environ["SHOP_SHARD_URLS"] = ",".join(options.shard_urls)
     os.environ["DJANGO_SETTINGS_MODULE"] = "example_project.settings"
+    ensure_demo_key()
     import django
 
     django.setup()
@@ -221,6 +223,16 @@ def verify(
     checks.check(len(counts) == 1 and bool(of_customer),
                  f"orders of customer {customer_id}: {len(of_customer)} found querying "
                  f"{plural(len(counts), 'shard')}")
+
+    def find_by_number(number: str) -> tuple[int | None, int]:
+        with count_queries(aliases) as counts:
+            try:
+                found: int | None = Order.objects.get(public_id=number).pk
+            except Order.DoesNotExist:
+                found = None
+        return found, len(counts)
+
+    check_public_numbers(checks, placed[0], find_by_number)
 
     times = sorted(router.layout.decode(i).timestamp_ms for i in placed)
     start, end = times[0], times[len(times) // 2]

@@ -23,6 +23,7 @@ from sqlalchemy.ext.horizontal_shard import ShardedSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
 
 from snowflake_db.sharding import ShardRouter, ShardRule
+from snowflake_db.sqlalchemy.public_ids import public_id_property
 from snowflake_db.sqlalchemy.sharding import ShardedRouting, sharded_sessionmaker
 
 from .common import (
@@ -38,6 +39,7 @@ from .common import (
     plural,
     report_worker,
 )
+from .public_numbers import check_public_numbers, ensure_demo_key
 
 
 class Base(DeclarativeBase):
@@ -56,6 +58,9 @@ class Order(Base):
     customer_id: Mapped[int] = mapped_column(ForeignKey("shop_customer.id"), index=True)
     total_cents: Mapped[int] = mapped_column(Integer)
     items: Mapped[list[OrderItem]] = relationship(back_populates="order")
+
+    # What customers see: derived from id, nothing stored (keys: SNOWFLAKE_DB_PUBLIC_ID_KEYS).
+    public_id = public_id_property("orders", group=4)
 
 
 class OrderItem(Base):
@@ -184,6 +189,7 @@ def count_queries(engines: dict[str, Engine]) -> Iterator[Counter[str]]:
 
 def run(options: Options) -> int:
     router = options.router()
+    ensure_demo_key()
     find_ids = check_find_and_shard(options, router)
     engines = connect_all(
         {"control": options.control_url, **options.shard_urls_by_name}
@@ -271,6 +277,13 @@ def verify(
             session_customer = session.scalars(statement).all()
     checks.check(len(counts) == 1, f"orders of customer {customer_id}: {len(session_customer)} "
                  f"found querying {plural(len(counts), 'shard')}")
+    def find_by_number(number: str) -> tuple[int | None, int]:
+        with factory() as session, count_queries(engines) as counts:
+            found = session.scalars(select(Order.id).where(Order.public_id == number)).first()
+        return found, len(counts)
+
+    check_public_numbers(checks, placed[0], find_by_number)
+
     times = sorted(router.layout.decode(i).timestamp_ms for i in placed)
     start, end = times[0], times[len(times) // 2]
     low, high = router.id_range(start, end)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from django.db import models
 
 from snowflake_db.django import SnowflakeAutoField
+from snowflake_db.django.public_ids import PublicId
 from snowflake_db.django.sharding import ShardedManager, ShardedModelMixin
 from snowflake_db.sharding import ShardRule
 
@@ -30,6 +31,9 @@ class Order(ShardedModelMixin, models.Model):
 
     snowflake_shard_rule = ShardRule(id_fields=("id",), key_fields=("customer",))
     objects = ShardedManager()
+
+    # What customers see: derived from id, nothing stored (keys: SNOWFLAKE_DB_PUBLIC_ID_KEYS).
+    public_id = PublicId(namespace="orders", group=4)
 
 
 class OrderItem(ShardedModelMixin, models.Model):
