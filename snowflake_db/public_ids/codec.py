@@ -37,6 +37,9 @@ _CIPHER = (1 << _CIPHER_BITS) - 1
 _REDUNDANCY = (1 << REDUNDANCY_BITS) - 1
 _P = header_block(32, 14, 10)
 _TWEAK_LABEL = b"snowflake_db public id\x00"
+# Bound once: the rounds below are the hot path (big-endian is the default since Python 3.11).
+_from_bytes = int.from_bytes
+_to_bytes = int.to_bytes
 
 Keys = bytes | Mapping[int, bytes]
 
@@ -143,7 +146,7 @@ class PublicIdCodec:
         left = id >> (_HALF_BITS - REDUNDANCY_BITS)
         right = (id << REDUNDANCY_BITS) & _HALF
         for constant in state.constants:
-            y = int.from_bytes(block((constant ^ right).to_bytes(16, "big")), "big") >> 32
+            y = _from_bytes(block(_to_bytes(constant ^ right, 16))) >> 32
             left, right = right, (left + y) & _HALF
         data = (self._current_version << 75) | (left << 40) | (right << 5)
         text = encode80(data | syndrome16(data))
@@ -174,7 +177,7 @@ class PublicIdCodec:
         left = cipher >> _HALF_BITS
         right = cipher & _HALF
         for constant in state.reversed_constants:
-            y = int.from_bytes(block((constant ^ left).to_bytes(16, "big")), "big") >> 32
+            y = _from_bytes(block(_to_bytes(constant ^ left, 16))) >> 32
             left, right = (right - y) & _HALF, left
         if right & _REDUNDANCY:
             raise PublicIdError(
