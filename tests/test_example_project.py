@@ -44,6 +44,10 @@ def test_demo_runs_end_to_end_on_sqlite(module: str, tmp_path: Path) -> None:
     assert "lookups by ID each found the order querying only its shard (0 did not)" in out
     assert "querying 1 shard\n" in out and out.count("orders/s") == 1  # one throughput figure
     assert "4 shard databases, 16 logical shards" in out
+    # Customers see public order numbers; a mistyped and a swapped number are refused.
+    assert re.search(r"\[ok\] order number [0-9A-Z]{4}(-[0-9A-Z]{4}){3} finds order \d+", out)
+    assert re.search(r"\[ok\] mistyped number \S+ is refused \(.*mistyped", out)
+    assert re.search(r"\[ok\] swapped number \S+ is refused \(.*swapped", out)
     assert out.count("  shard") >= 8  # the four shards, listed at start and with their counts
     assert result.stderr == ""  # stderr is no terminal here: no progress frames
     leased = [line for line in out.splitlines() if "leased worker ID" in line]
