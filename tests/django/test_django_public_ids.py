@@ -85,6 +85,12 @@ def test_get_and_filter_by_public_id_are_key_lookups(backend: str) -> None:
     assert Item.objects.get(order__public_id=first.public_id).order_id == first.pk
     numbers = set(Order.objects.values_list("public_id", flat=True))
     assert numbers == {first.public_id, second.public_id, third.public_id}
+    assert Order.objects.filter(public_id=second.public_id).update(note="paid") == 1
+    assert Order.objects.filter(public_id=mistyped(second.public_id)).update(note="x") == 0
+    assert list(Order.objects.filter(note="paid")) == [second]
+    assert Order.objects.filter(public_id=mistyped(third.public_id)).delete()[0] == 0
+    assert Order.objects.filter(public_id=third.public_id).delete()[0] == 1
+    assert set(Order.objects.all()) == {first, second}
 
 
 def test_a_wrong_number_finds_nothing_and_decoding_says_why(backend: str) -> None:
@@ -189,6 +195,9 @@ def test_admin_shows_and_searches_public_numbers(backend: str) -> None:
         assert list(found.context["cl"].result_list) == [first]
     none = client.get("/admin/shop/order/", {"q": mistyped(first.public_id)})
     assert none.status_code == 200 and none.context["cl"].result_count == 0
+    Order.objects.filter(pk=second.pk).update(note="tea")
+    by_note = client.get("/admin/shop/order/", {"q": "tea"})  # other search fields still apply
+    assert list(by_note.context["cl"].result_list) == [second]
     change = client.get(f"/admin/shop/order/{first.pk}/change/")
     assert change.status_code == 200 and first.public_id.encode() in change.content
 
