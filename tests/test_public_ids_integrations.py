@@ -122,6 +122,8 @@ def test_sqlalchemy_refuses_what_public_numbers_cannot_do() -> None:
         _ = Order.public_id == 12345  # the key is not a public number
     with pytest.raises(InvalidArgumentError, match="namespace"):
         public_id_property("")
+    with pytest.raises(InvalidArgumentError, match="group"):
+        public_id_property("orders", group=0)
 
 
 OrderNumber = public_id_type("orders")

@@ -23,6 +23,7 @@ from django.db import models
 from django.db.models.expressions import Col
 from django.db.models.lookups import Exact, In, Lookup
 
+from .._validate import require_int
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError, PublicIdError
 
 if TYPE_CHECKING:
@@ -88,6 +89,8 @@ class PublicId(models.Field):  # type: ignore[type-arg]
             raise InvalidArgumentError(
                 f"PublicId namespace must be a non-empty string, got {namespace!r}"
             )
+        if group is not None:
+            require_int("group", group, minimum=1, maximum=16)  # symbols per hyphen group
         self.namespace = namespace
         self.target_name = field
         self.group = group

@@ -16,6 +16,7 @@ from sqlalchemy import false, inspect, true
 from sqlalchemy.ext.hybrid import Comparator, hybrid_property
 from sqlalchemy.sql import operators
 
+from .._validate import require_int
 from ..errors import InvalidArgumentError, InvalidArgumentTypeError, PublicIdError
 
 __all__ = ["PublicIdComparator", "public_id_property"]
@@ -81,6 +82,9 @@ def public_id_property(
         raise InvalidArgumentError(
             f"a public number namespace must be a non-empty string, got {namespace!r}"
         )
+
+    if group is not None:
+        require_int("group", group, minimum=1, maximum=16)  # symbols per hyphen group
 
     def public_id(self: Any) -> str | None:
         key = getattr(self, _key_attribute(type(self), attribute))

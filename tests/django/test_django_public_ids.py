@@ -23,7 +23,7 @@ from rest_framework.renderers import JSONRenderer
 
 from snowflake_db.django.conf import parse
 from snowflake_db.django.public_id_serializers import PublicIdField, PublicIdRelatedField
-from snowflake_db.errors import PublicIdError
+from snowflake_db.errors import InvalidArgumentError, PublicIdError
 from snowflake_db.public_ids import (
     PublicIdCodec,
     codec_for,
@@ -111,6 +111,17 @@ def test_a_wrong_number_finds_nothing_and_decoding_says_why(backend: str) -> Non
         Order.public_id_field.decode(other_namespace)
     with pytest.raises(TypeError):
         Order.objects.filter(public_id=order.pk)  # the key itself is not a public number
+
+
+def test_public_id_arguments_are_checked() -> None:
+    from snowflake_db.django.public_ids import PublicId
+
+    with pytest.raises(InvalidArgumentError, match="namespace"):
+        PublicId(namespace="")
+    with pytest.raises(InvalidArgumentError, match="group"):
+        PublicId(namespace="orders", group=17)
+    field = Order._meta.get_field("public_id")
+    assert field.deconstruct()[3] == {"namespace": "orders"}
 
 
 def test_public_id_of_another_field_with_groups(backend: str) -> None:
