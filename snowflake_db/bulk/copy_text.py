@@ -1,12 +1,15 @@
 """PostgreSQL ``COPY`` text format made a column at a time, for columns of plain values.
 
-psycopg's ``Copy.write_row`` formats one row per Python call (about 1.5 µs a row here); a
-column of ints, strs, datetimes or decimals can instead be formatted by ``map`` over the
-column and joined, and the block sent with ``Copy.write``. Any column holding another type
-(dicts for JSON, bytes, psycopg wrappers, subclasses such as ``IntEnum``) sends the whole
-load back to ``write_row``: only these exact types take this path, each written as
-PostgreSQL reads it back (https://www.postgresql.org/docs/current/sql-copy.html, "Text
-Format": backslash, newline, carriage return and tab escaped, ``\\N`` for NULL).
+psycopg's ``Copy.write_row`` formats one row per Python call (about 1.5 µs a row here). Here
+each column's formatter is chosen once per block from the column's value types, never per
+value: ints and escaped strs go into the block as they are, other plain types through one
+``map`` (datetimes once per distinct object). The rows are then made by one ``%`` template
+per row (``"%s\\t%s\\n" % row`` in C), measured here about twice as fast as joining
+per-row lists. Any column holding another type (dicts for JSON, bytes, psycopg wrappers,
+subclasses such as ``IntEnum``) sends the block back to ``write_row``: only these exact types
+take this path, each written as PostgreSQL reads it back
+(https://www.postgresql.org/docs/current/sql-copy.html, "Text Format": backslash, newline,
+carriage return and tab escaped, ``\\N`` for NULL).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import Any
 __all__ = ["text_block"]
 
 #: Joins a column of str to escape it in one pass; a lone surrogate, which no str that
-#: PostgreSQL can store (UTF-8) contains.
+#: PostgreSQL can store (UTF-8) contains. A value holding it sends the block to write_row,
+#: whose encoding error is then reported by row and column.
 _SEPARATOR = "\udfff"
 _NULL = "\\N"
 
@@ -39,37 +43,56 @@ def _bool(value: bool) -> str:
     return "t" if value else "f"
 
 
+#: Types whose ``str`` is their COPY text: ints are put into the row template as they are.
+_AS_IS: frozenset[type] = frozenset({int})
 _FORMATS: dict[type, Callable[[Any], str]] = {
-    int: int.__repr__,
     float: float.__repr__,  # 'nan', 'inf' and '-inf' are read as NaN and the infinities
-    decimal.Decimal: decimal.Decimal.__str__,
+    decimal.Decimal: decimal.Decimal.__str__,  # never by equality: 1.0 == 1.00, scales differ
     dt.datetime: dt.datetime.isoformat,
     dt.date: dt.date.isoformat,
     dt.time: dt.time.isoformat,
     bool: _bool,
 }
+#: Formatted once per distinct object (by identity: equal aware datetimes may differ in
+#: offset or fold, so equality would be wrong), when a load shares them (``placed_at=now``).
+_BY_IDENTITY = frozenset({dt.datetime, dt.date, dt.time})
 
 
-def _column(values: list[Any] | tuple[Any, ...]) -> list[str] | None:
-    """One column's fields, or None if it holds a type this module does not format."""
+def _shared(format_value: Callable[[Any], str], values: list[Any]) -> list[str] | None:
+    """The column formatted once per distinct object, or None if most objects are distinct."""
+    ids = list(map(id, values))
+    unique = dict(zip(ids, values, strict=True))
+    if len(unique) * 4 > len(values):
+        return None
+    text = dict(zip(unique, map(format_value, unique.values()), strict=True))
+    return list(map(text.__getitem__, ids))
+
+
+def _column(values: list[Any]) -> list[Any] | None:
+    """One column's fields (strs, or ints as they are), or None if it holds a type this
+    module does not format."""
     types = set(map(type, values))
     has_null = type(None) in types
-    types.discard(type(None))
+    if has_null:
+        types.discard(type(None))
     if len(types) > 1:
         return None
     kind = types.pop() if types else type(None)
-    present = [value for value in values if value is not None] if has_null else list(values)
+    present = [value for value in values if value is not None] if has_null else values
+    fields: list[Any] | None
     if kind is str:
         fields = _escape_all(present)
         if fields is None:
             return None
-    elif kind is type(None):
-        fields = []
+    elif kind in _AS_IS or kind is type(None):
+        fields = present
     else:
         format_value = _FORMATS.get(kind)
         if format_value is None:
             return None
-        fields = list(map(format_value, present))
+        fields = _shared(format_value, present) if kind in _BY_IDENTITY else None
+        if fields is None:
+            fields = list(map(format_value, present))
     if not has_null:
         return fields
     given = iter(fields)
@@ -77,14 +100,15 @@ def _column(values: list[Any] | tuple[Any, ...]) -> list[str] | None:
 
 
 def text_block(columns: Sequence[Sequence[Any]]) -> str | None:
-    """The rows (given as columns) in COPY text format, or None if a column needs
-    psycopg's own adaptation."""
+    """The rows (given as columns of equal length) in COPY text format, or None if a column
+    needs psycopg's own adaptation."""
     fields = []
     for values in columns:
-        formatted = _column(values if isinstance(values, list | tuple) else list(values))
+        formatted = _column(values if isinstance(values, list) else list(values))
         if formatted is None:
             return None
         fields.append(formatted)
     if not fields or not fields[0]:
         return ""
-    return "\n".join(map("\t".join, zip(*fields, strict=True))) + "\n"
+    template = "\t".join(["%s"] * len(fields)) + "\n"
+    return "".join(map(template.__mod__, zip(*fields, strict=True)))
