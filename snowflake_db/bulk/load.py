@@ -7,6 +7,7 @@ from typing import Any
 
 from ..errors import BulkLoadError
 from .table import BulkTable
+from .values import diagnose
 
 __all__ = ["VENDORS", "load_rows"]
 
@@ -40,13 +41,19 @@ def load_rows(
             )
         copy_rows(dbapi_connection, table, rows)
         return "copy"
-    if vendor in ("mariadb", "mysql"):
-        from .mariadb import load_rows as load_mariadb
+    try:
+        if vendor in ("mariadb", "mysql"):
+            from .mariadb import load_rows as load_mariadb
 
-        return load_mariadb(dbapi_connection, table, rows, mariadb_method)
-    if vendor == "sqlite":
-        from .sqlite import insert_rows
+            return load_mariadb(dbapi_connection, table, rows, mariadb_method)
+        if vendor == "sqlite":
+            from .sqlite import insert_rows
 
-        insert_rows(dbapi_connection, table, rows)
-        return "executemany"
+            insert_rows(dbapi_connection, table, rows)
+            return "executemany"
+    except UnicodeEncodeError as error:  # a lone surrogate, met by the driver or the file
+        found = diagnose(table, ["other"] * len(table.columns), rows, vendor)
+        if found is not None:
+            raise found from error
+        raise
     raise BulkLoadError(f"no bulk loader for {vendor!r}; supported: {VENDORS}")

@@ -78,9 +78,11 @@ def problem(kind: str, value: Any, vendor: str) -> str | None:
     if isinstance(value, str):
         if "\x00" in value and (vendor == "postgresql" or kind == "json"):
             return "contains NUL (\\x00), which PostgreSQL text and JSON cannot store"
-        return None
+        return _surrogate(value)
     if vendor == "postgresql" and kind in ("json", "jsonb") and "\\u0000" in _json(value):
         return "contains NUL (\\x00), which PostgreSQL JSON cannot store"
+    if kind in ("json", "jsonb") and isinstance(value, dict | list):
+        return _surrogate(_json(value, ascii_only=False))
     if isinstance(value, float | decimal.Decimal) and vendor != "postgresql":
         finite = math.isfinite(value) if isinstance(value, float) else value.is_finite()
         if not finite:
@@ -92,11 +94,26 @@ def problem(kind: str, value: Any, vendor: str) -> str | None:
     return None
 
 
-def _json(value: Any) -> str:
+def _json(value: Any, *, ascii_only: bool = True) -> str:
     try:
-        return json.dumps(value)
+        return json.dumps(value, ensure_ascii=ascii_only)
     except (TypeError, ValueError):
         return ""
+
+
+def _surrogate(text: str) -> str | None:
+    """Why ``text`` cannot be sent as UTF-8 (a lone surrogate, e.g. from ``surrogateescape``
+    decoding), else None; every database here stores text as UTF-8."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return (
+            f"contains the lone surrogate {text[error.start]!r} at index {error.start}, which "
+            "UTF-8 (the database's encoding) cannot hold"
+        )
+    return None
 
 
 def check_temporal(
