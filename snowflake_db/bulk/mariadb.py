@@ -18,7 +18,8 @@ import json
 import os
 import tempfile
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from ..errors import BulkLoadError, BulkLoadRejectedError, LocalInfileRefusedError
@@ -30,6 +31,7 @@ __all__ = ["METHODS", "insert_rows", "load_data_rows", "load_rows", "local_infil
 METHODS = ("auto", "load_data", "insert")
 _CLIENT_LOCAL_FILES = 1 << 7  # CLIENT_LOCAL_FILES capability flag of the protocol handshake
 _CHUNK_ROWS = 20_000
+_UTC = "+00:00"
 
 
 def quote(name: str) -> str:
@@ -51,7 +53,36 @@ def column_kinds(dbapi_connection: Any, table: BulkTable) -> list[str]:
     missing = [column for column in table.columns if column not in found]
     if missing:
         raise BulkLoadError(f"table {table.label} has no column(s) {missing}")
-    return [kind_of(found[column]) for column in table.columns]
+    # TIMESTAMP holds an instant (kept as UTC, shown in the session's zone): a zoned column,
+    # as PostgreSQL's timestamptz, unlike DATETIME (a wall time).
+    return [
+        "timestamptz" if found[column].lower() == "timestamp" else kind_of(found[column])
+        for column in table.columns
+    ]
+
+
+@contextmanager
+def _session_at_utc(dbapi_connection: Any, kinds: list[str]) -> Iterator[None]:
+    """With a TIMESTAMP column, the session's time zone at UTC for the load, then back.
+
+    The server reads the wall times it is sent in the session's ``time_zone``; aware
+    datetimes are sent as UTC wall times (naive ones are refused for such a column), so any
+    other session zone would shift every value by its offset.
+    """
+    if "timestamptz" not in kinds:
+        yield
+        return
+    with dbapi_connection.cursor() as cursor:
+        cursor.execute("SELECT @@session.time_zone")
+        zone = str(cursor.fetchone()[0])
+        if zone != _UTC:
+            cursor.execute("SET time_zone = %s", (_UTC,))
+    try:
+        yield
+    finally:
+        if zone != _UTC:
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute("SET time_zone = %s", (zone,))
 
 
 def local_infile_refusal(dbapi_connection: Any) -> str | None:
@@ -212,6 +243,13 @@ def load_data_rows(dbapi_connection: Any, table: BulkTable, rows: Sequence[Seque
     """One ``LOAD DATA LOCAL INFILE`` from a private temporary file, checked row for row."""
     kinds = column_kinds(dbapi_connection, table)
     _check(table, kinds, rows)
+    with _session_at_utc(dbapi_connection, kinds):
+        _load_file(dbapi_connection, table, kinds, rows)
+
+
+def _load_file(
+    dbapi_connection: Any, table: BulkTable, kinds: list[str], rows: Sequence[Sequence[Any]]
+) -> None:
     targets = []
     setters = []
     for position, (column, kind) in enumerate(zip(table.columns, kinds, strict=True)):
@@ -260,7 +298,8 @@ def insert_rows(dbapi_connection: Any, table: BulkTable, rows: Sequence[Sequence
         packet = int(cursor.fetchone()[0])
         if hasattr(cursor, "max_stmt_length"):
             cursor.max_stmt_length = max(1 << 16, min(packet - (1 << 12), 1 << 24))
-        cursor.executemany(statement, [[convert(value) for value in row] for row in rows])
+        with _session_at_utc(dbapi_connection, kinds):
+            cursor.executemany(statement, [[convert(value) for value in row] for row in rows])
 
 
 def load_rows(
