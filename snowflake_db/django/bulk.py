@@ -6,6 +6,19 @@ from a single ``next_ids`` call before anything is sent, so related objects (ite
 orders) are loaded in the same call with no read-back. Objects are left as ``bulk_create``
 leaves them: ``pk`` set, ``_state.adding`` False, ``_state.db`` the alias. Each field's
 ``pre_save`` runs (``auto_now_add``), then its ``get_db_prep_save``, as in an INSERT.
+
+Django APIs used: ``Model._meta`` (``concrete_fields``, ``pk``, ``db_table``), each field's
+``attname``, ``column``, ``pre_save``, ``get_db_prep_save`` and ``get_cached_value`` (what
+``item.order`` reads), and ``Model._state.adding``/``.db``. Beyond them, on purpose:
+
+* field values are read from and keys written to the instance ``__dict__`` (where Django's
+  ``DeferredAttribute`` keeps them; a field with another descriptor is read by ``getattr``):
+  a whole column through ``map`` at C speed, where a Python call per object and field was
+  most of a load's client time. Writing there also keeps ``item.order`` cached when a failed
+  load takes the keys back (``ForeignKeyDeferredAttribute.__set__`` would drop it);
+* ``Model._prepare_related_fields_for_save`` only for models with a ``GenericForeignKey``
+  (``_meta.private_fields``), as ``bulk_create`` does: no public API prepares them without
+  writing the object.
 """
 
 from __future__ import annotations
@@ -80,12 +93,17 @@ def _give_keys(batches: list[tuple[Any, list[Any]]], made: list[tuple[str, list[
 
 
 _DICT = attrgetter("__dict__")
-_STATE_DICT = attrgetter("_state.__dict__")
+_STATE = attrgetter("_state")
 
 
 def _stored(objs: list[Any], attname: str) -> list[Any]:
-    """``obj.__dict__.get(attname)`` of every object, at C speed (never a deferred load)."""
-    return list(map(methodcaller("get", attname), map(_DICT, objs)))
+    """``obj.__dict__.get(attname)`` of every object, at C speed (never a deferred load);
+    ``itemgetter`` first, about four times as fast as ``methodcaller("get")`` here."""
+    dicts = list(map(_DICT, objs))
+    try:
+        return list(map(itemgetter(attname), dicts))
+    except KeyError:  # some object lacks it (a deferred field): None for those
+        return list(map(methodcaller("get", attname), dicts))
 
 
 def _store(objs: list[Any], attname: str, values: list[Any]) -> None:
@@ -154,8 +172,7 @@ def _link(objs: list[Any], field: Any, linked: list[tuple[str, list[Any]]]) -> N
     empty = objs if given.count(None) == len(given) else [
         obj for obj, key in zip(objs, given, strict=True) if key is None
     ]
-    caches = map(attrgetter("_state.fields_cache"), empty)
-    related = list(map(methodcaller("get", field.cache_name), caches))
+    related = list(map(field.get_cached_value, empty, repeat(None)))  # what obj.<name> = set
     if any(map(is_, related, repeat(None))):  # no key, no related object: left to the column
         empty = [obj for obj, other in zip(empty, related, strict=True) if other is not None]
         related = [other for other in related if other is not None]
@@ -260,9 +277,10 @@ def bulk_load(
         for attname, objs in made:  # the keys made and the foreign keys copied from them
             _store(objs, attname, [None] * len(objs))
         raise
-    saved = methodcaller("update", adding=False, db=alias)  # ModelState's plain attributes
-    for _, objs in batches:
-        deque(map(saved, map(_STATE_DICT, objs)), maxlen=0)
+    for _, objs in batches:  # as bulk_create leaves them (ModelState's documented attributes)
+        states = list(map(_STATE, objs))
+        deque(map(setattr, states, repeat("adding"), repeat(False)), maxlen=0)
+        deque(map(setattr, states, repeat("db"), repeat(alias)), maxlen=0)
     return lists
 
 
