@@ -1,8 +1,10 @@
 """``TableWorkerAllocator``: lease a worker ID from a table in a shared control database.
 
-The allocator owns the configuration, its private engine, the heartbeat that renews leases and
+The allocator owns the configuration, its private engine, the administration of the tables and
 the fork and exit hooks; *how* a slot is claimed, reserved or released is
-:mod:`snowflake_db.worker.claims`, which it calls in its own connection and transactions.
+:mod:`snowflake_db.worker.claims`, which it calls in its own connection and transactions, and
+keeping the leases it handed out (heartbeat and caller renewals, release, abandonment) is
+:mod:`snowflake_db.worker.keeper`.
 """
 
 from __future__ import annotations
@@ -39,19 +41,21 @@ from .connection import (
     to_url,
 )
 from .control import ControlDatabase
+from .keeper import MAX_CALLER_WAIT_SECONDS, LeaseKeeper, describe_error
 from .layouts import RecordedLayout, recorded_layout
-from .lease import ABANDONED, HELD, LOST, RELEASED, Heartbeat, TableLease
+from .lease import Heartbeat, TableLease
+from .rows import SlotRow
 from .schema import DEFAULT_REGISTRATIONS_TABLE, DEFAULT_SLOTS_TABLE, NAME_LENGTH
-from .store import SlotRow, WorkerStore
+from .store import WorkerStore
 from .timing import DEFAULT_LEASE_SECONDS, lease_timing
+
+__all__ = ["DEFAULT_MAX_FLOOR_WAIT_MS", "MAX_CALLER_WAIT_SECONDS", "TableWorkerAllocator"]
 
 logger = logging.getLogger("snowflake_db.worker")
 _T = TypeVar("_T")
 
 #: Default bound on waiting for a previous holder's high-water mark to pass (else: another slot).
 DEFAULT_MAX_FLOOR_WAIT_MS = 1000
-#: Longest a caller waits for a renewal it asked for (or found running) before going on.
-MAX_CALLER_WAIT_SECONDS = 1.0
 
 
 class TableWorkerAllocator:
@@ -128,28 +132,36 @@ class TableWorkerAllocator:
         self._engine = self._control.engine
         self._lock = threading.Lock()
         self._closed = False
-        self._heartbeat = Heartbeat(self._renew, name="snowflake_db-heartbeat")
         self._terms = claims.LeaseTerms(
             lease_ms=round(self.lease_seconds * 1000),
             reserve_ahead_ms=self.reserve_ahead_ms,
             max_floor_wait_ms=self.max_floor_wait_ms,
         )
-        # A caller renews a lease itself once the heartbeat is a quarter of the slack between
-        # its renewal time and the local deadline late, and waits for that renewal at most a
-        # quarter of the heartbeat's period (never the whole remaining lease).
-        self._caller_grace = (self.lease_seconds - self.safety_margin - self.renew_every) / 4
-        self._renew_for_caller = CallerRenewal(
-            self._renew, wait_seconds=min(self.renew_every / 4, MAX_CALLER_WAIT_SECONDS)
-        )
         self._where = f"{self.store.tables.slots.name} at {safe_url_text(self.url)}"
         #: Lease figures for snowflake_db.metrics (acquisitions, renewals and their latency).
         self.metrics_recorder = MetricsRecorder.register(self)
+        self._keeper = LeaseKeeper(
+            self._engine,
+            self.store,
+            timing=timing,
+            skew_policy=self.clock_skew,
+            recorder=self.metrics_recorder,
+        )
         forking.track(self._after_fork_in_child, self._close_at_exit)
 
     @property
     def where(self) -> str:
         """The slots table and the control database (password hidden), for messages."""
         return self._where
+
+    @property
+    def _heartbeat(self) -> Heartbeat:
+        """The heartbeat renewing this allocator's leases (tests stop it to starve a lease)."""
+        return self._keeper.heartbeat
+
+    @property
+    def _renew_for_caller(self) -> CallerRenewal:
+        return self._keeper.renew_for_caller
 
     @property
     def create_tables_on_demand(self) -> bool:
@@ -174,7 +186,7 @@ class TableWorkerAllocator:
             raise
         self.metrics_recorder.lease_acquired(time.monotonic() - started)
         # Committed: only now may the heartbeat renew it and the generator use it.
-        self._heartbeat.add(lease)
+        self._keeper.heartbeat.add(lease)
         forking.release_at_child_exit()
         lease.wait_for_floor(self.max_floor_wait_ms)
         return lease
@@ -332,9 +344,7 @@ class TableWorkerAllocator:
             if self._closed:
                 return
             self._closed = True
-        self._heartbeat.stop()
-        for lease in self._heartbeat.leases:
-            self._release(lease)
+        self._keeper.release_all()
         self._engine.dispose()
 
     def __enter__(self) -> TableWorkerAllocator:
@@ -366,22 +376,7 @@ class TableWorkerAllocator:
             clock=clock,
             where=self._where,
         )
-        return TableLease(
-            worker_id=taken.worker_id,
-            token=taken.token,
-            registration_id=taken.registration_id,
-            floor_ms=taken.floor_ms,
-            high_water_ms=taken.high_water_ms,
-            valid_until=taken.started + self.lease_seconds - self.safety_margin,
-            next_renewal_at=taken.started + self.renew_every,
-            clock=clock,
-            where=self._where,
-            release=self._release,
-            abandon=self._abandon,
-            renew_for_caller=self._renew_for_caller,
-            # No heartbeat in a child forked without hooks: its callers renew on schedule.
-            caller_grace=0.0 if self._heartbeat.threadless else self._caller_grace,
-        )
+        return self._keeper.hold(taken, clock=clock, where=self._where)
 
     def _reserve(
         self, connection: Connection, *, label: str, layout: Layout, worker_id: int | None
@@ -400,95 +395,6 @@ class TableWorkerAllocator:
         )
         return reserved
 
-    # -- holding ---------------------------------------------------------------------------------
-
-    def _renew(self, lease: TableLease) -> None:
-        """Heartbeat: extend one lease and its high-water mark, or learn that it was lost."""
-        if lease.state != HELD or lease.pid != os.getpid():
-            self._heartbeat.discard(lease)
-            return
-        started = time.monotonic()
-        try:
-            high_water_ms = max(lease.high_water_ms, lease.clock() + self.reserve_ahead_ms)
-            with self._engine.begin() as connection:
-                renewed = self.store.renew(
-                    connection,
-                    worker_id=lease.worker_id,
-                    token=lease.token,
-                    lease_ms=round(self.lease_seconds * 1000),
-                    high_water_ms=high_water_ms,
-                )
-                skew = clock_skew.measure(connection, self.store, lease.clock)
-        except Exception as error:
-            self.metrics_recorder.renewal_failed(time.monotonic() - started)
-            lease.failures += 1
-            lease.last_error = _describe(error)
-            lease.next_renewal_at = time.monotonic() + self.renew_every / 4
-            if lease.failures == 1:
-                logger.warning(
-                    "snowflake_db: renewing the lease on worker %d failed (%s); retrying",
-                    lease.worker_id,
-                    lease.last_error,
-                )
-            return
-        self.metrics_recorder.renewal_answered(time.monotonic() - started, renewed=renewed)
-        with lease.lock:
-            if lease.state != HELD:
-                return
-            if renewed:
-                self.clock_skew.at_renewal(skew, lease.worker_id)
-                lease.renewed(
-                    started=started,
-                    valid_for=self.lease_seconds - self.safety_margin,
-                    high_water_ms=high_water_ms,
-                )
-                lease.next_renewal_at = started + self.renew_every
-                return
-            lease.end(LOST, "the slot was taken by another holder or reaped after it expired")
-        self._heartbeat.discard(lease)
-        self.metrics_recorder.lease_lost()
-        logger.warning(
-            "snowflake_db: the lease on worker %d was lost; a new worker ID will be leased",
-            lease.worker_id,
-        )
-
-    def _release(self, lease: TableLease) -> None:
-        with lease.lock:
-            if lease.state in (RELEASED, ABANDONED):
-                return
-            was_held = lease.state == HELD
-            reserved_ms = lease.high_water_ms
-            # Stop the generator first (deadline and ceiling), so every window it may still
-            # issue from was opened with a clock reading taken before the one below.
-            lease.end(RELEASED, "released", high_water_ms=-1)
-            # Read second: the generator reports a tick before it reads the ceiling ended above.
-            final_ms = lease.mark_at_release(reserved_ms)
-            lease.set_high_water(final_ms)
-        self._heartbeat.discard(lease)
-        if not was_held or lease.pid != os.getpid():
-            return
-        try:
-            with self._engine.begin() as connection:
-                self.store.release(
-                    connection,
-                    worker_id=lease.worker_id,
-                    token=lease.token,
-                    high_water_ms=final_ms,
-                )
-        except SQLAlchemyError as error:
-            logger.warning(
-                "snowflake_db: could not release worker %d (%s); its lease expires by itself",
-                lease.worker_id,
-                _describe(error),
-            )
-
-    def _abandon(self, lease: TableLease) -> None:
-        with lease.lock:
-            if lease.state == HELD:
-                lease.end(ABANDONED, "abandoned (forked child)")
-        if lease.pid == os.getpid():
-            self._heartbeat.discard(lease)
-
     # -- process hooks (see forking.py) -----------------------------------------------------
 
     def _after_fork_in_child(self, parent_pid: int) -> None:
@@ -496,9 +402,7 @@ class TableWorkerAllocator:
         fresh lock, the parent's pooled connections left open for it, its leases forgotten."""
         self._lock = threading.Lock()
         self._engine.dispose(close=False)
-        for lease in self._heartbeat.inherited_leases():
-            lease.forget_after_fork(parent_pid)
-        self._heartbeat = Heartbeat(self._renew, name="snowflake_db-heartbeat")
+        self._keeper.after_fork_in_child(parent_pid)
 
     def _close_at_exit(self) -> None:
         try:
@@ -528,11 +432,6 @@ class TableWorkerAllocator:
 
     def _unavailable(self, action: str, error: BaseException) -> AllocatorUnavailableError:
         return AllocatorUnavailableError(
-            f"{action}: the worker database {safe_url_text(self.url)} failed: {_describe(error)}"
+            f"{action}: the worker database {safe_url_text(self.url)} failed: "
+            f"{describe_error(error)}"
         )
-
-
-def _describe(error: BaseException) -> str:
-    cause = getattr(error, "orig", None) or error
-    text = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {text[0] if text else ''}".rstrip(": ")
