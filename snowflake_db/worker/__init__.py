@@ -21,13 +21,13 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
 
 from .allocator import DEFAULT_MAX_FLOOR_WAIT_MS, TableWorkerAllocator
 from .lease import TableLease
+from .rows import SlotRow
 from .schema import (
     DEFAULT_REGISTRATIONS_TABLE,
     DEFAULT_SLOTS_TABLE,
     WorkerTables,
     worker_tables,
 )
-from .store import SlotRow
 from .timing import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
 
 __all__ = [

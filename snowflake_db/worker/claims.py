@@ -41,7 +41,8 @@ from ..errors import WorkerIdExhaustedError
 from ..layout import Layout
 from .layouts import ensure_layout
 from .retry import retry, retry_conflicts
-from .store import Claim, SlotRow, WorkerStore
+from .rows import Claim, SlotRow
+from .store import WorkerStore
 
 #: How many times the slot table is re-read when every claim of a round lost a race.
 SCAN_ROUNDS = 3

@@ -24,7 +24,8 @@ from sqlalchemy import Connection
 
 from ..errors import LayoutMismatchError, WorkerLeaseError
 from ..layout import LAYOUT_FIELDS, Layout
-from .store import LayoutRow, WorkerStore
+from .rows import LayoutRow
+from .store import WorkerStore
 
 __all__ = [
     "RecordedLayout",
