@@ -18,7 +18,6 @@ from django.apps import apps
 from django.db import router
 
 from ..errors import NarrowColumnError
-from .fields import SnowflakeAutoField, is_snowflake_field
 
 __all__ = ["NarrowColumn", "narrow_columns", "require_wide_columns", "snowflake_columns"]
 
@@ -63,9 +62,10 @@ class NarrowColumn:
 
 
 def _holds_snowflake_keys(field: Any) -> bool:
-    if isinstance(field, SnowflakeAutoField) and field.database_generated:
-        return False  # the database makes these keys (django_migrations, auth's m2m tables)
-    return is_snowflake_field(field)
+    """The Snowflake fields say so themselves (``holds_snowflake_keys``, False where the
+    database makes the keys: django_migrations, auth's many-to-many tables). This module does
+    not import :mod:`.fields`, which calls :func:`require_wide_columns` on every MySQL write."""
+    return getattr(field, "holds_snowflake_keys", False) is True
 
 
 def snowflake_columns(model: Any) -> Iterator[tuple[Any, str]]:

@@ -23,13 +23,13 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from django.db.models import QuerySet
 from django.db.models.base import ModelState
 from django.db.models.constants import OnConflict
 
+from ._django_callers import BULK_CREATE
+
 __all__ = ["after_conflict_key_taken_off", "restore_state"]
 
-_BULK_CREATE_CODE = QuerySet.bulk_create.__code__
 #: On the compiler: {id(obj): obj} of the objects waiting for their row's key.
 _WAITING = "_snowflake_waiting_for_keys"
 
@@ -39,7 +39,7 @@ class _StateKeptFromBulkCreate(ModelState):
     after an INSERT that may have skipped the row, then is an ordinary state again."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("adding", "db") and sys._getframe(1).f_code is _BULK_CREATE_CODE:
+        if name in ("adding", "db") and sys._getframe(1).f_code is BULK_CREATE:
             if name == "db":  # bulk_create writes adding, then db
                 super().__setattr__("__class__", ModelState)
             return

@@ -11,20 +11,25 @@ from __future__ import annotations
 
 import functools
 import sys
-from types import FrameType
 from typing import Any
 
 from django.apps import apps as global_apps
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.fields import NOT_PROVIDED
-from django.db.models.sql.compiler import SQLInsertCompiler
 from django.utils.module_loading import import_string
 
 from ..errors import GeneratorClosedError, InvalidIdError
 from ..generator import MAX_IDS_PER_CALL
 from ..process import get_generator, snowflake_default
 from . import conflicts
+from ._django_callers import (
+    PREPARE_FOR_BULK_CREATE,
+    SAVE_TABLE,
+    bulk_create_handles_conflicts,
+    conflict_insert_compiler,
+)
+from .columns import require_wide_columns
 
 __all__ = [
     "EagerSnowflakeAutoField",
@@ -35,16 +40,6 @@ __all__ = [
 
 #: A BIGINT column holds -2**63 .. 2**63 - 1; nothing outside is written (never truncated).
 _BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
-
-# Model._save_table asks the primary key for a value with get_pk_value_on_save(); bulk_create
-# (QuerySet._prepare_for_bulk_create) asks the same question. Only the first can leave the key to
-# the INSERT itself, so the answer depends on the caller (SnowflakeAutoField.get_pk_value_on_save).
-_SAVE_TABLE_CODE = models.Model._save_table.__code__
-_PREPARE_BULK_CODE = models.QuerySet._prepare_for_bulk_create.__code__
-_BULK_CREATE_CODE = models.QuerySet.bulk_create.__code__
-# The insert compiler gets each field's value through pre_save_val(), whose `self` knows whether
-# the INSERT handles conflicts (django/db/models/sql/compiler.py, SQLInsertCompiler).
-_PRE_SAVE_VAL_CODE = SQLInsertCompiler.pre_save_val.__code__
 
 #: On ModelState: the key a conflict-handling bulk_create gave an object, until its INSERT.
 _CONFLICT_KEY = "snowflake_conflict_key"
@@ -59,15 +54,6 @@ def _note_conflict_keys_handed_out() -> None:
     _conflict_keys_handed_out = True
 
 
-def _bulk_create_handles_conflicts(bulk_create: FrameType | None) -> bool:
-    """True when this bulk_create frame ignores or updates conflicts (its ``on_conflict``)."""
-    return (
-        bulk_create is not None
-        and bulk_create.f_code is _BULK_CREATE_CODE
-        and bulk_create.f_locals.get("on_conflict") is not None
-    )
-
-
 def _next_keys(count: int) -> list[int]:
     """``count`` keys from the process-wide generator, in as few ``next_ids`` calls as allowed."""
     keys: list[int] = []
@@ -78,16 +64,6 @@ def _next_keys(count: int) -> list[int]:
         except GeneratorClosedError:
             keys += get_generator().next_ids(size)  # configure() replaced it in flight
     return keys
-
-
-def _conflict_insert_compiler() -> Any:
-    """The INSERT compiler when pre_save() was called for an INSERT with ON CONFLICT (ignore
-    or update), else None."""
-    caller = sys._getframe(2)
-    if caller.f_code is not _PRE_SAVE_VAL_CODE:
-        return None
-    compiler = caller.f_locals["self"]
-    return compiler if compiler.query.on_conflict is not None else None
 
 
 def _drop_injected_default(kwargs: dict[str, Any]) -> None:
@@ -178,15 +154,6 @@ def _takes_database_keys(meta: Any) -> bool:
     return not (isinstance(field_class, type) and issubclass(field_class, SnowflakeAutoField))
 
 
-def _require_wide_columns(connection: BaseDatabaseWrapper) -> None:
-    """On MySQL/MariaDB, refuse the write while a Snowflake column there is narrower than 64
-    bits: ``INSERT IGNORE`` and non-strict modes clamp instead of failing. Foreign keys to a
-    Snowflake key write through it too (``ForeignKey.get_db_prep_save``)."""
-    from .columns import require_wide_columns  # imports this module
-
-    require_wide_columns(connection)
-
-
 def _label(field: models.Field) -> str:
     model = getattr(field, "model", None)
     return f"{model._meta.label}.{field.name}" if model is not None else str(field.name)
@@ -215,6 +182,12 @@ class SnowflakeAutoField(models.BigAutoField):
 
     #: True only on Django's own migration-recorder model (see contribute_to_class).
     database_generated = False
+
+    @property
+    def holds_snowflake_keys(self) -> bool:
+        """The column holds keys this library makes (not the database): checked to be 64-bit
+        (:mod:`.columns`)."""
+        return not self.database_generated
 
     def contribute_to_class(self, cls: Any, name: str, *args: Any, **kwargs: Any) -> None:
         meta = cls._meta
@@ -247,15 +220,16 @@ class SnowflakeAutoField(models.BigAutoField):
         """
         if self.database_generated:
             return None
+        # Who asks: save() or bulk_create() (see _django_callers for why this is by code object).
         caller = sys._getframe(1)
-        if caller.f_code is _SAVE_TABLE_CODE and not caller.f_locals.get("raw"):
+        if caller.f_code is SAVE_TABLE and not caller.f_locals.get("raw"):
             return None
         key = snowflake_default()
-        if caller.f_code is not _PREPARE_BULK_CODE:
+        if caller.f_code is not PREPARE_FOR_BULK_CREATE:
             return key
         # bulk_create asks object by object; the first question is answered for every object
         # still without a key, with one next_ids() call, so Django asks no more.
-        conflicts = _bulk_create_handles_conflicts(caller.f_back)
+        conflicts = bulk_create_handles_conflicts(caller.f_back)
         if conflicts:
             _note_conflict_keys_handed_out()  # before any object carries a mark
         waiting = [
@@ -294,7 +268,7 @@ class SnowflakeAutoField(models.BigAutoField):
         # The mark of a bulk_create that failed before its INSERT must not unset the key of a
         # later save(): only an INSERT that handles conflicts takes the key off the object.
         if _CONFLICT_KEY in marks and marks.pop(_CONFLICT_KEY) == value:
-            compiler = _conflict_insert_compiler()
+            compiler = conflict_insert_compiler()
             if compiler is not None:
                 setattr(model_instance, self.attname, None)
                 conflicts.after_conflict_key_taken_off(compiler, model_instance, self)
@@ -304,7 +278,7 @@ class SnowflakeAutoField(models.BigAutoField):
 
     def get_db_prep_save(self, value: Any, connection: BaseDatabaseWrapper) -> Any:
         if connection.vendor == "mysql" and not self.database_generated:
-            _require_wide_columns(connection)
+            require_wide_columns(connection)
         if type(value) is int and _BIGINT_MIN <= value <= _BIGINT_MAX:
             # Every key this field makes: what AutoFieldMixin.get_db_prep_value returns for an
             # int, without its int() round (bulk_create calls this once per row). MySQL's
@@ -366,6 +340,9 @@ class SnowflakeField(models.BigIntegerField):
 
     description = "Snowflake ID (64-bit integer generated by the application)"
 
+    #: The column holds Snowflake keys: checked to be 64-bit (:mod:`.columns`).
+    holds_snowflake_keys = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("default", snowflake_default)
         kwargs.setdefault("unique", True)
@@ -374,7 +351,7 @@ class SnowflakeField(models.BigIntegerField):
 
     def get_db_prep_save(self, value: Any, connection: BaseDatabaseWrapper) -> Any:
         if connection.vendor == "mysql":
-            _require_wide_columns(connection)
+            require_wide_columns(connection)
         return super().get_db_prep_save(_checked_key(self, value), connection)
 
     def deconstruct(self) -> tuple[str, str, list[Any], dict[str, Any]]:
