@@ -27,8 +27,8 @@ from snowflake_db import SnowflakeError, fork_repair, forks
 from snowflake_db.worker import TableLease
 
 from .core_support import run_in_fork
+from .hookless_fork_support import LIBC_FORK, settle_threads
 from .plugins.databases import ScratchDatabase
-from .test_fork_without_hooks import LIBC_FORK, _settle_threads
 from .worker_support import allocator, read_slots
 
 pytestmark = [
@@ -111,7 +111,7 @@ def test_a_child_that_cannot_be_repaired_starts_no_thread_and_its_callers_renew(
         parent_ids = [snowflake_db.snowflake_default() for _ in range(100)]
         parent_lease = generator.lease
         assert isinstance(parent_lease, TableLease)
-        _settle_threads(parent_lease)
+        settle_threads(parent_lease)
 
         def child() -> dict[str, Any]:
             errors: Counter[str] = Counter()

@@ -9,7 +9,6 @@ checks need no database; the rest run on PostgreSQL, MariaDB and SQLite.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -39,6 +38,7 @@ from snowflake_db.testing import FakeClock
 from snowflake_db.worker import TableLease, TableWorkerAllocator, forking
 
 from .core_support import FakeAllocator, error_report, run_in_fork
+from .hookless_fork_support import LIBC_FORK, settle_threads
 from .plugins.databases import ScratchDatabase
 from .worker_support import allocator, read_slots
 
@@ -47,10 +47,6 @@ pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks through glibc"),
 ]
 
-#: libc's fork(), as uWSGI calls it: no Python fork hook runs in the child. PyDLL keeps the GIL
-#: across the call: with CDLL another thread (a heartbeat) could take it meanwhile, and the child
-#: would wait forever for a GIL held by a thread that was not copied into it.
-LIBC_FORK: Callable[[], int] = ctypes.PyDLL(None, use_errno=True).fork
 #: Ticks this long keep the parent's window usable well past the fork, so a child that took IDs
 #: from its copy of that window would repeat the parent's.
 LONG_TICKS = Layout(tick_ms=100)
@@ -68,23 +64,6 @@ def _lease(generator: SnowflakeGenerator) -> TableLease:
     lease = generator.lease
     assert isinstance(lease, TableLease)
     return lease
-
-
-def _settle_threads(lease: TableLease | None = None) -> None:
-    """Return when no other thread of this process is about to want the GIL: just after the
-    heartbeat renewed ``lease``, or once a new heartbeat has gone to sleep.
-
-    A thread waiting for the GIL at the moment of a hook-less fork leaves the child's GIL state
-    inconsistent (the uWSGI deadlock reports, https://github.com/unbit/uwsgi/issues/1369). The
-    child's first call repairs it (snowflake_db.fork_repair; tests/test_fork_busy_heartbeat.py
-    forks beside a busy heartbeat on purpose); these tests avoid it, to test one thing each.
-    """
-    if lease is not None:
-        renewals, deadline = lease.renewals, time.monotonic() + 10
-        while lease.renewals == renewals and time.monotonic() < deadline:
-            time.sleep(0.002)
-        assert lease.renewals > renewals, "the parent's heartbeat did not renew"
-    time.sleep(0.05 if lease is not None else 0.2)
 
 
 def _window_live(generator: SnowflakeGenerator) -> bool:
@@ -295,7 +274,7 @@ def test_hookless_child_leases_its_own_slot_on_its_own_connections_and_renews(
     try:
         parent_ids = array("q", (snowflake_db.snowflake_default() for _ in range(2000)))
         parent_lease = _lease(generator)
-        _settle_threads(parent_lease)
+        settle_threads(parent_lease)
 
         def child() -> dict[str, Any]:
             inherited = generator.lease
@@ -393,7 +372,7 @@ def test_parent_and_hookless_children_issuing_right_after_the_fork_never_collide
     pids: list[int] = []
     try:
         parent_ids.append(snowflake_db.snowflake_default())
-        _settle_threads()
+        settle_threads()
         for index in range(children):
             parent_ids.append(snowflake_db.snowflake_default())  # the window is open and live
             pid = LIBC_FORK()
@@ -445,7 +424,7 @@ def test_hookless_child_exit_hook_never_closes_the_parents_connections(
         generator.next_id()
         parent_lease = _lease(generator)
         parent_session = _session_of(alloc, backend)
-        _settle_threads()
+        settle_threads()
 
         def child() -> float:
             started = time.monotonic()

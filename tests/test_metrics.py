@@ -197,7 +197,7 @@ def test_a_forked_child_starts_from_zero_and_the_parent_keeps_its_counts() -> No
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks through glibc")
 def test_a_child_forked_without_the_hooks_starts_from_zero_too() -> None:
-    from tests.test_fork_without_hooks import LIBC_FORK, _settle_threads
+    from tests.hookless_fork_support import LIBC_FORK, settle_threads
 
     generator = SnowflakeGenerator(allocator=FakeAllocator([1, 2]))
     generator.next_ids(1000)
@@ -209,7 +209,7 @@ def test_a_child_forked_without_the_hooks_starts_from_zero_too() -> None:
         generator.next_ids(3)
         return inherited, generator.metrics().ids_issued, metrics.snapshot().ids_issued
 
-    _settle_threads()
+    settle_threads()
     assert run_in_fork(child, fork=LIBC_FORK) == {"result": (0, 3, 3)}
     assert metrics.snapshot().ids_issued == parent_before
 

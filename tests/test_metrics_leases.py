@@ -23,9 +23,9 @@ from snowflake_db.metrics import SlotCounts
 from snowflake_db.process import overridden
 from snowflake_db.worker import TableLease, TableWorkerAllocator
 
+from .outage_support import LEASE_SECONDS as OUTAGE_LEASE_SECONDS
+from .outage_support import Outage, recording
 from .plugins.databases import ScratchDatabase
-from .test_worker_outage import LEASE_SECONDS as OUTAGE_LEASE_SECONDS
-from .test_worker_outage import Outage, recording
 from .worker_support import LEASE_SECONDS, allocator, wait_for
 
 #: 16 worker slots: small enough to read every count.

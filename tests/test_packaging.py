@@ -10,7 +10,6 @@ site-packages, so ``snowflake_db`` itself is imported from the installed wheel.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import sysconfig
 import tarfile
@@ -20,22 +19,15 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from .packaging_support import run
 
 pytestmark = pytest.mark.slow
-
-
-def _run(*command: str | Path, cwd: Path = REPO, env: dict[str, str] | None = None) -> str:
-    result = subprocess.run([str(part) for part in command], cwd=cwd, env=env, check=False,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"{command}:\n{result.stdout}\n{result.stderr}"
-    return result.stdout
 
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    _run(sys.executable, "-m", "build", "--no-isolation", "--outdir", out)
+    run(sys.executable, "-m", "build", "--no-isolation", "--outdir", out)
     return out
 
 
@@ -58,21 +50,21 @@ def test_wheel_installs_into_a_fresh_venv_and_works(dist: Path, tmp_path: Path) 
     assert not any(name.startswith(("tests/", "example_project/")) for name in names)
 
     venv = tmp_path / "venv"
-    _run(sys.executable, "-m", "venv", "--without-pip", venv)
+    run(sys.executable, "-m", "venv", "--without-pip", venv)
     fresh_python = venv / "bin" / "python"
-    _run(sys.executable, "-m", "pip", "--python", fresh_python, "install", "--quiet",
+    run(sys.executable, "-m", "pip", "--python", fresh_python, "install", "--quiet",
          "--no-index", "--no-deps", wheel)
     env = {key: value for key, value in os.environ.items()
            if key not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "SNOWFLAKE_WORKER_ID",
                           "SNOWFLAKE_WORKER_URL")}
 
     # The console script and the core, with nothing else installed.
-    assert _run(venv / "bin" / "snowflake-db", "--version", env=env).strip() == (
+    assert run(venv / "bin" / "snowflake-db", "--version", env=env).strip() == (
         f"snowflake-db {version('snowflake-db')}"
     )
-    ids = _run(venv / "bin" / "snowflake-db", "generate", "-n", "3", "--worker-id", "2", env=env)
+    ids = run(venv / "bin" / "snowflake-db", "generate", "-n", "3", "--worker-id", "2", env=env)
     assert len(set(ids.split())) == 3
-    site = _run(fresh_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+    site = run(fresh_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
                 env=env).strip()
     smoke = f"""
 import snowflake_db, sys
@@ -101,4 +93,4 @@ assert {{"snowflake_worker_slots", "snowflake_worker_registrations"}} <= tables,
 assert snowflake_db.__file__.startswith({site!r})
 print("ok")
 """
-    assert _run(fresh_python, "-c", smoke, cwd=tmp_path, env=env).strip() == "ok"
+    assert run(fresh_python, "-c", smoke, cwd=tmp_path, env=env).strip() == "ok"

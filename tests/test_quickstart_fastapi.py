@@ -28,7 +28,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from .test_packaging import REPO, _run
+from .packaging_support import REPO, run
 
 pytestmark = pytest.mark.slow
 
@@ -121,13 +121,13 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("quickstart")
     dist, wheelhouse = root / "dist", root / "wheelhouse"
     wheelhouse.mkdir()
-    _run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
          "--wheel-dir", dist, REPO)
     [wheel] = dist.glob("snowflake_db-*.whl")
     _wheelhouse(wheel, wheelhouse)
     venv = root / "venv"
-    _run(sys.executable, "-m", "venv", "--without-pip", venv)
-    _run(sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "--quiet",
+    run(sys.executable, "-m", "venv", "--without-pip", venv)
+    run(sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "--quiet",
          "--no-index", "--find-links", wheelhouse, f"{wheel}[{EXTRA}]")
     return venv
 
@@ -143,7 +143,7 @@ def test_the_testclient_block_runs(venv: Path, tmp_path: Path) -> None:
     app, _, client = _quick_start()
     (tmp_path / "app.py").write_text(app)
     (tmp_path / "client.py").write_text(f"from app import *  # noqa\n{client}\nprint('ok')\n")
-    assert _run(venv / "bin" / "python", "client.py", cwd=tmp_path, env=_env(venv)) == "ok\n"
+    assert run(venv / "bin" / "python", "client.py", cwd=tmp_path, env=_env(venv)) == "ok\n"
 
 
 def test_uvicorn_serves_the_app_as_written(venv: Path, tmp_path: Path) -> None:

@@ -37,8 +37,8 @@ from snowflake_db.testing import DEFAULT_FAKE_START_MS, FakeClock
 from snowflake_db.worker import TableLease, TableWorkerAllocator
 
 from .core_support import FakeAllocator, FakeLease
+from .outage_support import Outage
 from .plugins.databases import ScratchDatabase
-from .test_worker_outage import Outage
 from .worker_support import allocator, read_slots, wait_for
 
 #: renew_every 0.5 s, safety margin 0.3 s (local deadline 1.2 s after a renewal starts);
