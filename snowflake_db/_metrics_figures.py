@@ -76,9 +76,7 @@ class SlotCounts:
         return self.free + self.expired + self.never_used - self.parked
 
     @classmethod
-    def of(
-        cls, rows: Sequence[SlotRowLike], layout: Layout, max_floor_wait_ms: int
-    ) -> SlotCounts:
+    def of(cls, rows: Sequence[SlotRowLike], layout: Layout, max_floor_wait_ms: int) -> SlotCounts:
         """Count the slot rows (all read at one database time) of ``layout``'s worker IDs."""
         size = layout.max_worker_id + 1
         mine = [row for row in rows if row.worker_id < size]
@@ -175,12 +173,20 @@ FIGURES = (
     Figure("ids_issued", True, "", "IDs issued (next_id, next_ids, snowflake_default)"),
     Figure("clock_waits", True, "", "calls that waited for the next tick (sequences used up)"),
     Figure("clock_wait_seconds", True, "seconds", "time spent waiting for the next tick"),
-    Figure("clock_rollbacks_tolerated", True, "",
-           "times the clock fell behind the last tick within the tolerance"),
+    Figure(
+        "clock_rollbacks_tolerated",
+        True,
+        "",
+        "times the clock fell behind the last tick within the tolerance",
+    ),
     Figure("clock_rollback_refusals", True, "", "calls refused with ClockMovedBackwardsError"),
     Figure("clock_rollback_max_ms", False, "ms", "largest clock rollback seen"),
-    Figure("lease_refusals", True, "",
-           "calls refused for want of a usable lease (LeaseExpiredError, WorkerLeaseError)"),
+    Figure(
+        "lease_refusals",
+        True,
+        "",
+        "calls refused for want of a usable lease (LeaseExpiredError, WorkerLeaseError)",
+    ),
     Figure("fenced_seconds", True, "seconds", "time fenced: from a refused call to the next ID"),
     Figure("fenced_generators", False, "", "generators refusing IDs right now (fenced)"),
     Figure("lease_acquisitions", True, "", "worker leases acquired"),
@@ -201,9 +207,7 @@ _TOTAL_FIELDS = tuple(
 )
 #: Each total's name and starting value (0 or 0.0, as the snapshot declares it).
 _ZERO = {field.name: field.default for field in _TOTAL_FIELDS}
-_MAXIMA = frozenset(
-    field.name for field in _TOTAL_FIELDS if field.metadata.get("combine") == "max"
-)
+_MAXIMA = frozenset(field.name for field in _TOTAL_FIELDS if field.metadata.get("combine") == "max")
 
 
 class Totals(dict[str, Any]):

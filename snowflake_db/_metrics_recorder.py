@@ -161,9 +161,7 @@ class MetricsRecorder:
             totals = self._totals
             totals["lease_renewals"] += 1
             totals["lease_renewal_seconds"] += seconds
-            totals["lease_renewal_max_seconds"] = max(
-                totals["lease_renewal_max_seconds"], seconds
-            )
+            totals["lease_renewal_max_seconds"] = max(totals["lease_renewal_max_seconds"], seconds)
         notify("lease_renewed", seconds)
 
     def lease_lost(self) -> None:
