@@ -96,19 +96,37 @@ _DICT = attrgetter("__dict__")
 _STATE = attrgetter("_state")
 
 
+def _own_values(objs: list[Any], attname: str) -> bool:
+    """Whether ``attname`` of these objects is served by Django's plain ``DeferredAttribute``
+    (a non-data descriptor): ``attrgetter`` and ``setattr`` then read and write the
+    instance's own value at C speed without touching ``__dict__``, which CPython 3.11+ builds
+    on first access, one allocation per object (measured here: with the states below, enough
+    to run the garbage collector 26 times, 16 ms, per 10,000 orders with their items)."""
+    return all(
+        type(getattr(cls, attname, None)) is DeferredAttribute for cls in set(map(type, objs))
+    )
+
+
 def _stored(objs: list[Any], attname: str) -> list[Any]:
-    """``obj.__dict__.get(attname)`` of every object, at C speed (never a deferred load);
-    ``itemgetter`` first, about four times as fast as ``methodcaller("get")`` here."""
+    """Every object's ``attname`` (a key or a foreign key, never a deferred field), at C
+    speed; for other descriptors (a foreign key's) from ``__dict__``, ``itemgetter`` first,
+    about four times as fast as ``methodcaller("get")`` here."""
+    if _own_values(objs, attname):
+        return list(map(attrgetter(attname), objs))
     dicts = list(map(_DICT, objs))
     try:
         return list(map(itemgetter(attname), dicts))
-    except KeyError:  # some object lacks it (a deferred field): None for those
+    except KeyError:  # some object lacks it: None for those
         return list(map(methodcaller("get", attname), dicts))
 
 
 def _store(objs: list[Any], attname: str, values: list[Any]) -> None:
-    """``obj.__dict__[attname] = value`` for every object, at C speed."""
-    deque(map(setitem, map(_DICT, objs), repeat(attname), values), maxlen=0)
+    """``obj.<attname> = value`` for every object at C speed; past a foreign key's
+    descriptor, into ``__dict__``, so that the related object stays cached."""
+    if objs and _own_values(objs, attname):
+        deque(map(setattr, objs, repeat(attname), values), maxlen=0)
+    else:
+        deque(map(setitem, map(_DICT, objs), repeat(attname), values), maxlen=0)
 
 
 #: Field classes whose ``get_db_prep_save`` returns a value of this exact type unchanged
@@ -151,13 +169,14 @@ def _needs_pre_save(field: Any) -> bool:
     return True
 
 
-def _read(model: Any, attname: str, objs: list[Any], dicts: list[dict[str, Any]]) -> list[Any]:
-    """Every object's ``attname``: from the instance dicts where Django's own descriptor
-    serves it from there (the common case, at dict speed), else by ``getattr`` (deferred
-    fields load, custom descriptors run)."""
-    if isinstance(getattr(model, attname, None), DeferredAttribute):
+def _read(model: Any, attname: str, objs: list[Any]) -> list[Any]:
+    """Every object's ``attname`` as ``getattr`` reads it (deferred fields load, custom
+    descriptors run), at C speed for Django's own descriptors: the instance's value for a
+    plain field, the instance dict for a foreign key (whose ``__get__`` reads it there)."""
+    descriptor = getattr(model, attname, None)
+    if type(descriptor) is not DeferredAttribute and isinstance(descriptor, DeferredAttribute):
         try:
-            return list(map(itemgetter(attname), dicts))
+            return list(map(itemgetter(attname), map(_DICT, objs)))
         except KeyError:
             pass
     return list(map(attrgetter(attname), objs))
@@ -198,7 +217,7 @@ def _rows(
     relations = [field for field in fields if field.many_to_one or field.one_to_one]
     if meta.private_fields:  # GenericForeignKey: Django's own preparation
         for field in relations:
-            empty = [obj for obj in objs if obj.__dict__.get(field.attname) is None]
+            empty = [obj for obj in objs if getattr(obj, field.attname) is None]
             linked.append((field.attname, empty))
         for obj in objs:
             obj._prepare_related_fields_for_save(operation_name="bulk_load")
@@ -206,12 +225,11 @@ def _rows(
         for field in relations:
             _link(objs, field, linked)
     columns = []
-    dicts = list(map(_DICT, objs))
     for field in fields:
         if _needs_pre_save(field):
             values = [field.pre_save(obj, True) for obj in objs]
         else:
-            values = _read(model, field.attname, objs, dicts)
+            values = _read(model, field.attname, objs)
         plain = _plain_type(field, connection.vendor)
         if connection.vendor == "mysql" and plain is int and _is_key(field) and 0 in values:
             plain = None  # validate_autopk_value() refuses it with Django's message

@@ -16,7 +16,12 @@ from django.utils import timezone
 import snowflake_db
 from snowflake_db.django import SnowflakeAutoField
 from snowflake_db.django.bulk import bulk_load
-from snowflake_db.errors import BulkLoadError, BulkLoadRejectedError, LocalInfileRefusedError
+from snowflake_db.errors import (
+    BulkLoadError,
+    BulkLoadRejectedError,
+    LocalInfileRefusedError,
+    UnrepresentableValueError,
+)
 from tests.django.conftest import backends
 from tests.django_project.shop.models import Customer, Item, Order, Restaurant
 
@@ -178,3 +183,19 @@ def test_mariadb_keeps_djangos_refusal_of_key_zero(backend: str) -> None:
     with pytest.raises(ValueError, match="does not accept 0"):
         bulk_load([Order(pk=0, customer=customer), Order(customer=customer)])
     assert Order.objects.count() == 0
+
+
+def test_a_lone_surrogate_is_named_and_nothing_loads(backend: str) -> None:
+    customer = Customer.objects.create(name="ada")
+    orders, items = _orders_with_items(customer, 10)
+    orders[6].note = "bad \ud800"
+    with pytest.raises(UnrepresentableValueError, match="surrogate") as caught:
+        bulk_load(orders, items)
+    assert (caught.value.column, caught.value.row, caught.value.value) == (
+        "note", 6, "bad \ud800")
+    assert (Order.objects.count(), Item.objects.count()) == (0, 0)
+    assert all(obj.pk is None for obj in orders + items)
+    assert items[3].order is orders[1]  # still linked: a retry takes the new keys
+    orders[6].note = "good"
+    bulk_load(orders, items)
+    assert Item.objects.filter(order=orders[1]).count() == 3
