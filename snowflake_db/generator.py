@@ -16,7 +16,7 @@ A window is installed only after every check has passed, and an exception in the
 the generator exactly as it was: no ID is ever issued twice, even after a failed call.
 
 The clock in ticks (raw units, tick arithmetic, the bounded wait for the next tick) is
-:mod:`snowflake_db._ticks`; the counting is :mod:`snowflake_db.metrics`'.
+:mod:`snowflake_db._ticks`; what the generator counts is reported by :mod:`snowflake_db.metrics`.
 """
 
 from __future__ import annotations
