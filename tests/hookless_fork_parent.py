@@ -3,10 +3,11 @@ over and over while its heartbeat renews a short lease and another thread keeps 
 
 Run as ``python -m tests.hookless_fork_parent URL CHILDREN OUT_DIR``. Each child
 issues IDs at once, again after its first renewal was due, then releases and ends with
-``os._exit``; it writes ``childN.json`` (and ``childN.ids``). The parent waits for each child at
-most ``CHILD_DEADLINE_S``, SIGKILLs one that is still running (a hang), and writes
-``parent.json``: per child its exit code, ``"hung"`` (after the library's repair ran) or
-``"hung before the repair"``, and the parent's own IDs.
+``os._exit``; it writes ``childN.json`` (and ``childN.ids``). Up to ``RUNNING`` children run at
+once (each fork still happens beside the busy heartbeat; overlapping them only saves time).
+The parent gives each child at most ``CHILD_DEADLINE_S`` from its fork, SIGKILLs one that is
+still running (a hang), and writes ``parent.json``: per child its exit code, ``"hung"`` (after
+the library's repair ran) or ``"hung before the repair"``, and the parent's own IDs.
 
 Which: the parent registers an ``os.register_at_fork`` child hook, which a raw fork skips and
 the library's repair runs (``PyOS_AfterFork_Child`` runs the hooks); it marks the child's byte
@@ -37,8 +38,9 @@ from snowflake_db.worker import TableLease, TableWorkerAllocator, forking
 #: libc's fork() holding the GIL, as a C server (uWSGI) forks: no Python fork hook runs.
 LIBC_FORK = ctypes.PyDLL(None, use_errno=True).fork
 LEASE_SECONDS = 1.2  # renewed every 0.4 s: the parent's heartbeat is busy
-CHILD_DEADLINE_S = 20.0
+CHILD_DEADLINE_S = 12.0
 RUN_S = 1.3  # each child also issues after 3 of its renewals were due
+RUNNING = 4  # children alive at once
 
 
 def _os_threads() -> int:
@@ -88,16 +90,22 @@ def _mark_repaired() -> None:  # an after-fork hook: only the library's repair r
     _repaired[_index[0]] = 1
 
 
-def _wait(pid: int, index: int) -> int | str:
-    deadline = time.monotonic() + CHILD_DEADLINE_S
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
+def _reap(running: dict[int, tuple[int, float]], outcomes: dict[int, int | str],
+          keep: int) -> None:
+    """Wait until at most ``keep`` children run; SIGKILL any past its deadline (a hang)."""
+    while len(running) > keep:
+        for pid, (index, deadline) in list(running.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                outcomes[index] = os.waitstatus_to_exitcode(status)
+            elif time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                outcomes[index] = "hung" if _repaired[index] else "hung before the repair"
+            else:
+                continue
+            del running[pid]
         time.sleep(0.005)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return "hung" if _repaired[index] else "hung before the repair"
 
 
 def main(url: str, children: int, out_dir: Path) -> None:
@@ -115,9 +123,11 @@ def main(url: str, children: int, out_dir: Path) -> None:
     spinner = threading.Thread(target=busy, daemon=True)
     spinner.start()
     os.register_at_fork(after_in_child=_mark_repaired)
-    outcomes: list[int | str] = []
+    outcomes: dict[int, int | str] = {}
+    running: dict[int, tuple[int, float]] = {}
     try:
         for index in range(children):
+            _reap(running, outcomes, RUNNING - 1)
             parent_ids.extend(snowflake_db.snowflake_default() for _ in range(20))
             _index[0] = index
             pid = LIBC_FORK()
@@ -126,14 +136,16 @@ def main(url: str, children: int, out_dir: Path) -> None:
                     _child(out_dir / f"child{index}")
                 finally:
                     os._exit(0)
-            outcomes.append(_wait(pid, index))
+            running[pid] = (index, time.monotonic() + CHILD_DEADLINE_S)
+        _reap(running, outcomes, 0)
     finally:
         stop.set()
         spinner.join(5)
         snowflake_db.reset()
         allocator.close()
     (out_dir / "parent.json").write_text(
-        json.dumps({"outcomes": outcomes, "ids": parent_ids.tolist()})
+        json.dumps({"outcomes": [outcomes[i] for i in range(children)],
+                    "ids": parent_ids.tolist()})
     )
 
 
