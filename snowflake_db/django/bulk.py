@@ -100,8 +100,8 @@ def _own_values(objs: list[Any], attname: str) -> bool:
     """Whether ``attname`` of these objects is served by Django's plain ``DeferredAttribute``
     (a non-data descriptor): ``attrgetter`` and ``setattr`` then read and write the
     instance's own value at C speed without touching ``__dict__``, which CPython 3.11+ builds
-    on first access, one allocation per object (measured here: with the states below, enough
-    to run the garbage collector 26 times, 16 ms, per 10,000 orders with their items)."""
+    on first access, one allocation per object (measured here: half of the garbage
+    collector's runs during a load of 10,000 orders with 30,000 items)."""
     return all(
         type(getattr(cls, attname, None)) is DeferredAttribute for cls in set(map(type, objs))
     )
@@ -217,7 +217,8 @@ def _rows(
     relations = [field for field in fields if field.many_to_one or field.one_to_one]
     if meta.private_fields:  # GenericForeignKey: Django's own preparation
         for field in relations:
-            empty = [obj for obj in objs if getattr(obj, field.attname) is None]
+            given = _stored(objs, field.attname)
+            empty = [obj for obj, key in zip(objs, given, strict=True) if key is None]
             linked.append((field.attname, empty))
         for obj in objs:
             obj._prepare_related_fields_for_save(operation_name="bulk_load")
