@@ -7,7 +7,8 @@ pytest_plugins = ["tests.plugins.databases", "tests.plugins.process_default"]
 # `make test` runs pytest -n 6 --dist loadgroup -m "not timing" (pytest-xdist: tests in
 # parallel processes), then pytest -n 2 --dist loadgroup -m timing: those tests judge lease
 # timings (fencing before a deadline, renewals across an outage) or start dozens of processes,
-# so they run after the others, two modules at a time and a module's tests one at a time.
+# so they run after the others, two tests at a time (a test's parameters one at a time, the
+# slow ones first).
 # Every test has its own database and tmp_path.
 
 # Run only in its own subprocess (tests/test_sharding_django.py), with its own Django settings:
@@ -22,18 +23,20 @@ def pytest_configure(config: object) -> None:
     config.addinivalue_line(  # type: ignore[attr-defined]
         "markers",
         "timing: judges lease timings or loads the machine (make test runs these after the "
-        "others, a module's one at a time)",
+        "others, two at a time)",
     )
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A module's `timing` tests form one group, run one at a time by one pytest-xdist worker;
-    first in the order, as they take longest."""
+    """A `timing` test's parameters (one per backend) form one group, run one at a time by
+    one pytest-xdist worker. Timing tests come first in the order, the `slow` ones before the
+    others, so that two workers finish them at about the same time."""
     for item in items:
         if item.get_closest_marker("timing") is not None:
-            item.add_marker(pytest.mark.xdist_group(f"timing-{item.nodeid.split('::')[0]}"))
-    items.sort(key=lambda item: item.get_closest_marker("timing") is None)
+            item.add_marker(pytest.mark.xdist_group(f"timing-{item.nodeid.split('[')[0]}"))
+    items.sort(key=lambda item: (item.get_closest_marker("timing") is None,
+                                 item.get_closest_marker("slow") is None))
 
 
 #: Why the tests must not run here (set when --dist loadgroup ignores the groups).

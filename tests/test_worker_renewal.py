@@ -162,6 +162,7 @@ def test_callers_keep_the_lease_when_the_heartbeat_thread_is_stopped(
 
 
 @pytest.mark.timing  # see tests/conftest.py
+@pytest.mark.slow
 def test_callers_keep_the_lease_while_the_heartbeat_is_starved(any_db: ScratchDatabase) -> None:
     """The heartbeat thread is alive but cannot run: another thread holds the lock it waits on
     (as a thread starved of the CPU or the GIL would be late); callers renew meanwhile, and the
