@@ -48,9 +48,11 @@ BIN = Path(sys.executable).parent
 PLACEHOLDER_URL = "postgresql+psycopg://app@db/control"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 #: Variables a README command may set: the library's, and the examples' own.
-KNOWN_VARIABLES = {WORKER_URL_ENV, WORKER_ID_ENV, "DATABASE_URL", "CONTROL_URL"}
+KNOWN_VARIABLES = {
+    WORKER_URL_ENV, WORKER_ID_ENV, "DATABASE_URL", "CONTROL_URL", "SNOWFLAKE_DB_PUBLIC_ID_KEYS",
+}
 #: Commands whose output changes from run to run: compare after digits are normalised.
-VARYING = ("generate", "bench", "workers", "doctor", "--version", "layout")
+VARYING = ("generate", "bench", "workers", "doctor", "--version", "layout", "public")
 
 
 @dataclass

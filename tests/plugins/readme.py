@@ -1,10 +1,11 @@
-"""Set-up for README.md's code blocks, which pytest-markdown-docs runs as tests.
+"""Set-up for the code blocks of README.md and docs/, which pytest-markdown-docs runs as tests.
 
 Each block runs in its own temporary directory, with the process-wide generator reset before and
 after, and the environment restored afterwards. A block that reads ``DATABASE_URL`` or
 ``CONTROL_URL`` (as the README's examples do, defaulting to a SQLite file for a reader) gets a
 fresh PostgreSQL database on the test server (``SNOWFLAKE_TEST_POSTGRES_URL``), dropped after.
-Blocks that need Django name ``fixture:django_settings`` or ``fixture:Order`` in their fence.
+Blocks that need Django name ``fixture:django_settings`` or ``fixture:Order`` in their fence. A
+block that mentions ``public_id`` gets a fresh public-number key in ``SNOWFLAKE_DB_PUBLIC_ID_KEYS``.
 """
 
 from __future__ import annotations
@@ -19,11 +20,16 @@ import pytest
 
 import snowflake_db
 
-_ENVIRONMENT = ("SNOWFLAKE_WORKER_URL", "SNOWFLAKE_WORKER_ID", "DATABASE_URL", "CONTROL_URL")
+_ENVIRONMENT = (
+    "SNOWFLAKE_WORKER_URL", "SNOWFLAKE_WORKER_ID", "DATABASE_URL", "CONTROL_URL",
+    "SNOWFLAKE_DB_PUBLIC_ID_KEYS",
+)
 
 
 def _readme_item(node: pytest.Item) -> bool:
-    return Path(str(node.path)).name == "README.md"
+    """A code block of README.md or of the documentation site (docs/)."""
+    path = Path(str(node.path))
+    return path.suffix == ".md" and (path.name == "README.md" or "docs" in path.parts)
 
 
 @pytest.fixture(autouse=True)
@@ -47,6 +53,12 @@ def _readme_block(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[No
         url = database.url.render_as_string(hide_password=False)
         os.environ["DATABASE_URL"] = os.environ["CONTROL_URL"] = url
     snowflake_db.reset()
+    if "public_id" in code:
+        # A key of the block's own, as a deployment sets it (never one written in the code).
+        from snowflake_db.public_ids import ENV_VAR, configure_public_ids, generate_key
+
+        configure_public_ids(None)
+        os.environ[ENV_VAR] = generate_key()
     if "sqlmodel" in sys.modules:
         # SQLModel keeps one global MetaData; a ``continuation`` block runs the block before it
         # again, which would define its tables twice.
