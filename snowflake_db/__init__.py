@@ -29,7 +29,7 @@ from .errors import (
     WorkerLeaseError,
 )
 from .generator import DEFAULT_ROLLBACK_TOLERANCE_MS, MAX_IDS_PER_CALL, SnowflakeGenerator
-from .layout import DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, Layout, SnowflakeId
+from .layout import DEFAULT_EPOCH_MS, DEFAULT_LAYOUT, JS_SAFE_LAYOUT, Layout, SnowflakeId
 from .lease import WorkerAllocator, WorkerLease
 from .process import configure, get_generator, reset, snowflake_default
 from .shutdown import install_signal_handlers
@@ -40,6 +40,7 @@ __all__ = [
     "DEFAULT_EPOCH_MS",
     "DEFAULT_LAYOUT",
     "DEFAULT_ROLLBACK_TOLERANCE_MS",
+    "JS_SAFE_LAYOUT",
     "MAX_IDS_PER_CALL",
     "AllocatorUnavailableError",
     "ClockError",
