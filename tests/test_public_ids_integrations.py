@@ -31,6 +31,7 @@ from snowflake_db.pydantic import public_id_type
 from snowflake_db.sqlalchemy import snowflake_mapped_column
 from snowflake_db.sqlalchemy.public_ids import public_id_property
 from tests.plugins.databases import ScratchDatabase
+from tests.public_ids_support import foreign_number, mistyped
 
 KEY = generate_key()
 SCRIPT = shutil.which("snowflake-db", path=str(Path(sys.executable).parent))
@@ -65,10 +66,6 @@ def keys() -> Iterator[None]:
     configure_public_ids(None)
 
 
-def mistyped(number: str) -> str:
-    return number[0] + ("1" if number[1] != "1" else "2") + number[2:]
-
-
 def test_sqlalchemy_where_public_id_is_a_key_comparison(any_db: ScratchDatabase) -> None:
     engine = create_engine(any_db.url)
     try:
@@ -97,7 +94,7 @@ def test_sqlalchemy_where_public_id_is_a_key_comparison(any_db: ScratchDatabase)
             others = select(Order.id).where(Order.public_id != first.public_id)
             assert set(session.scalars(others)) == {second.id, third.id}
 
-            other_namespace = codec_for("invoices").encode(first.id)
+            other_namespace = foreign_number(codec_for("invoices"), codec_for("orders"), first.id)
             for wrong in (mistyped(first.public_id), other_namespace, "", "x" * 16):
                 assert session.scalars(select(Order).where(Order.public_id == wrong)).all() == []
                 everything = select(Order.id).where(Order.public_id != wrong)
@@ -219,6 +216,7 @@ def run(*args: str, env_keys: str | None = KEY, stdin: str | None = None,
 def test_cli_encode_decode_and_exit_codes() -> None:
     keys = [7262318491041271808, 12345]
     numbers = [codec_for("orders").encode(k) for k in keys]
+    invoices_refuse = foreign_number(codec_for("orders"), codec_for("invoices"), keys[0])
     encoded = run("encode", "--namespace", "orders", *map(str, keys))
     assert encoded.returncode == 0, encoded.stderr
     assert encoded.stdout.split() == numbers
@@ -232,7 +230,7 @@ def test_cli_encode_decode_and_exit_codes() -> None:
     # A refused number: one line naming it and why, nothing on stdout, status 2.
     for args, reason in (
         (["decode", "--namespace", "orders", numbers[0], mistyped(numbers[1])], "check symbol"),
-        (["decode", "--namespace", "invoices", numbers[0]], "namespace 'invoices'"),
+        (["decode", "--namespace", "invoices", invoices_refuse], "namespace 'invoices'"),
         (["decode", "--namespace", "orders", "ABC"], "ABC"),
         (["encode", "--namespace", "orders", "-5"], "'-5'"),
         (["encode", "--namespace", "orders", str(2**63)], str(2**63)),

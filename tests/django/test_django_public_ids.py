@@ -32,6 +32,7 @@ from snowflake_db.public_ids import (
     parse_keys,
 )
 from tests.django_project.shop.models import Customer, Invoice, Item, Order
+from tests.public_ids_support import foreign_number, mistyped
 
 KEY = generate_key()
 OTHER_KEY = generate_key()
@@ -44,11 +45,6 @@ def public_id_keys() -> Iterator[None]:
     configure_public_ids(KEY)
     yield
     configure_public_ids(None)
-
-
-def mistyped(number: str) -> str:
-    """``number`` with its second symbol replaced: what a person might type."""
-    return number[0] + ("1" if number[1] != "1" else "2") + number[2:]
 
 
 def _orders(count: int) -> list[Order]:
@@ -95,8 +91,10 @@ def test_get_and_filter_by_public_id_are_key_lookups(backend: str) -> None:
 
 def test_a_wrong_number_finds_nothing_and_decoding_says_why(backend: str) -> None:
     order = _orders(1)[0]
-    other_namespace = codec_for("invoices").encode(order.pk)
-    other_key = PublicIdCodec(parse_keys(OTHER_KEY), namespace="orders").encode(order.pk)
+    orders = codec_for("orders")
+    other_namespace = foreign_number(codec_for("invoices"), orders, order.pk)
+    other_key = foreign_number(PublicIdCodec(parse_keys(OTHER_KEY), namespace="orders"), orders,
+                               order.pk)
     for wrong in (mistyped(order.public_id), other_namespace, other_key, "", "x" * 16):
         with pytest.raises(Order.DoesNotExist):
             Order.objects.get(public_id=wrong)
@@ -182,7 +180,8 @@ def test_rest_framework_round_trip(backend: str) -> None:
     field = PublicIdField(namespace="orders")
     assert field.to_internal_value(order.public_id) == order.pk
     with pytest.raises(serializers.ValidationError):
-        field.to_internal_value(codec_for("invoices").encode(order.pk))
+        field.to_internal_value(foreign_number(codec_for("invoices"), codec_for("orders"),
+                                               order.pk))
 
 
 @override_settings(ROOT_URLCONF=URLS)
