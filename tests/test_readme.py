@@ -1,5 +1,5 @@
-"""README.md's non-Python code blocks: every console command is run or checked, YAML is parsed
-and its probe commands are run.
+"""The non-Python code blocks of README.md and of the documentation site (``docs/``): every
+console command is run or checked, YAML is parsed and its probe commands are run.
 
 The Python blocks are run by pytest-markdown-docs (``--markdown-docs`` in the pytest options,
 set up by ``tests/plugins/readme.py``). Here:
@@ -13,7 +13,10 @@ set up by ``tests/plugins/readme.py``). Here:
   Django management sub-commands exist, environment variables are the library's.
 * YAML is parsed: each container's command and variables are checked, and its probes run
   against the sample control database.
-* A block in any other language, or a Python block marked ``notest``, fails the test.
+* A block in any other language (``docs/`` may also draw diagrams in ``text`` blocks), or a
+  Python block marked ``notest``, fails the test.
+* The README's links resolve: its own sections, files of the repository, and the headings of
+  the ``docs/`` pages it links to (the site's own links are checked by ``mkdocs build --strict``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from .worker_support import LEASE_SECONDS, allocator
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
+#: The README and every page of the documentation site.
+DOCUMENTS = [README, *sorted((REPO / "docs").rglob("*.md"))]
 BIN = Path(sys.executable).parent
 PLACEHOLDER_URL = "postgresql+psycopg://app@db/control"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -64,10 +69,15 @@ class Command:
 
 @dataclass
 class Block:
+    path: Path
     line: int
     lang: str
     options: set[str]
     content: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(REPO)}:{self.line}"
 
     @property
     def commands(self) -> list[Command]:
@@ -76,30 +86,34 @@ class Block:
             if line.startswith("$ "):
                 commands.append(Command(self.line + 1 + offset, line[2:]))
             elif line.strip():
-                assert commands, f"README.md:{self.line}: output before any '$ ' command"
+                assert commands, f"{self.where}: output before any '$ ' command"
                 commands[-1].output.append(line)
         return commands
 
 
-def readme_blocks() -> list[Block]:
+def document_blocks(path: Path) -> list[Block]:
     blocks = []
-    for token in MarkdownIt("commonmark").parse(README.read_text()):
+    for token in MarkdownIt("commonmark").parse(path.read_text()):
         if token.type == "fence" and token.map:
             lang, *options = token.info.split() or [""]
-            blocks.append(Block(token.map[0] + 1, lang, set(options), token.content))
+            blocks.append(Block(path, token.map[0] + 1, lang, set(options), token.content))
     return blocks
 
 
-BLOCKS = readme_blocks()
+BLOCKS = [block for path in DOCUMENTS for block in document_blocks(path)]
 
 
 def test_every_block_is_python_console_or_yaml_and_none_is_skipped() -> None:
+    assert {block.path for block in BLOCKS} >= {README, REPO / "docs/reference/cli.md"}
     for block in BLOCKS:
-        assert block.lang in ("python", "console", "yaml"), f"README.md:{block.line}: {block.lang}"
-        assert "notest" not in block.options, f"README.md:{block.line}: a block that never runs"
+        languages = ("python", "console", "yaml") + (("text",) if block.path != README else ())
+        assert block.lang in languages, f"{block.where}: {block.lang}"
+        assert "notest" not in block.options, f"{block.where}: a block that never runs"
+        if block.lang == "text":
+            assert "$ " not in block.content, f"{block.where}: a command in a text block"
     for block in BLOCKS:
         if block.lang == "console":
-            assert block.commands, f"README.md:{block.line}: a console block with no '$ ' line"
+            assert block.commands, f"{block.where}: a console block with no '$ ' line"
 
 
 def _words(line: str, *, varying: bool) -> list[str]:
@@ -217,20 +231,19 @@ def _run_snowflake_db(command: Command, control_url: Callable[[], str], where: s
     shown = command.output if not varying else command.output[:1]
     for expected, got in zip(shown, actual, strict=False):
         assert _words(expected, varying=varying) == _words(got, varying=varying), (
-            f"{where}: README shows {expected!r}, the command printed {got!r}"
+            f"{where}: the page shows {expected!r}, the command printed {got!r}"
         )
     assert len(actual) >= len(shown), where
 
 
 def _console_blocks() -> list[Any]:
-    return [pytest.param(block, id=f"line{block.line}") for block in BLOCKS
-            if block.lang == "console"]
+    return [pytest.param(block, id=block.where) for block in BLOCKS if block.lang == "console"]
 
 
 @pytest.mark.parametrize("block", _console_blocks())
 def test_console_block(block: Block, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     for command in block.commands:
-        where = f"README.md:{command.line}: {command.text}"
+        where = f"{block.path.relative_to(REPO)}:{command.line}: {command.text}"
         words = shlex.split(command.text, comments=True)
         environment, words = _split_environment(words)
         assert set(environment) <= KNOWN_VARIABLES, f"{where}: {set(environment)}"
@@ -250,16 +263,16 @@ def _containers(document: Any) -> Iterator[dict[str, Any]]:
             yield from _containers(value)
 
 
-@pytest.mark.parametrize("block", [pytest.param(b, id=f"line{b.line}") for b in BLOCKS
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.where) for b in BLOCKS
                                    if b.lang == "yaml"])
 def test_yaml_block(block: Block, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     containers = list(_containers(yaml.safe_load(block.content)))
-    assert containers, f"README.md:{block.line}: no containers"
+    assert containers, f"{block.where}: no containers"
     for container in containers:
         names = {variable["name"] for variable in container.get("env", [])}
         assert names <= KNOWN_VARIABLES and WORKER_URL_ENV in names, names
         program, *rest = container["command"]
-        _check_other([program, *rest], f"README.md:{block.line}")
+        _check_other([program, *rest], block.where)
         for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
             probe = container.get(kind)
             if probe is None:
@@ -267,28 +280,36 @@ def test_yaml_block(block: Block, request: pytest.FixtureRequest, tmp_path: Path
             # The probe runs for real, with the container's SNOWFLAKE_WORKER_URL pointing at
             # the README's control database, and must pass.
             command = probe["exec"]["command"]
-            assert command[0] == "snowflake-db", f"README.md:{block.line}: {kind} {command}"
+            assert command[0] == "snowflake-db", f"{block.where}: {kind} {command}"
             environment = {key: value for key, value in os.environ.items()
                            if key not in (WORKER_URL_ENV, WORKER_ID_ENV)}
             environment[WORKER_URL_ENV] = request.getfixturevalue("control_database")
             result = subprocess.run([str(BIN / command[0]), *command[1:]], capture_output=True,
                                     text=True, timeout=60, check=False, env=environment,
                                     cwd=tmp_path)
-            assert result.returncode == 0, f"README.md:{block.line}: {kind}: {result.stderr}"
-            assert probe["timeoutSeconds"] >= 5, f"README.md:{block.line}: {kind} timeout"
+            assert result.returncode == 0, f"{block.where}: {kind}: {result.stderr}"
+            assert probe["timeoutSeconds"] >= 5, f"{block.where}: {kind} timeout"
 
 
-def test_every_link_inside_the_readme_resolves() -> None:
-    """Links to sections (GitHub's anchors) and to files of the repository."""
-    tokens = MarkdownIt("commonmark").parse(README.read_text())
+def _anchors(path: Path) -> set[str]:
+    """The anchors of a Markdown file's headings, as GitHub (and MkDocs, for these) makes them."""
     anchors = set()
-    for heading, inline in itertools.pairwise(tokens):
+    for heading, inline in itertools.pairwise(MarkdownIt("commonmark").parse(path.read_text())):
         if heading.type == "heading_open":
             text = re.sub(r"[^\w\- ]", "", inline.content.strip().lower())
             anchors.add(text.replace(" ", "-"))
+    return anchors
+
+
+def test_every_link_inside_the_readme_resolves() -> None:
+    """Links to sections (GitHub's anchors), to files of the repository and to their headings."""
     links = re.findall(r"\]\(([^)\s]+)\)", README.read_text())
+    assert any(link.startswith("docs/") for link in links)
     for link in links:
         if link.startswith("#"):
-            assert link[1:] in anchors, f"README.md links to a missing section {link}"
+            assert link[1:] in _anchors(README), f"README.md links to a missing section {link}"
         elif not link.startswith("http"):
-            assert (REPO / link).exists(), f"README.md links to a missing file {link}"
+            path, _, anchor = link.partition("#")
+            assert (REPO / path).exists(), f"README.md links to a missing file {link}"
+            if anchor:
+                assert anchor in _anchors(REPO / path), f"README.md links to a missing {link}"

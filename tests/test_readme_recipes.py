@@ -1,8 +1,9 @@
-"""The README's deployment recipes under the real servers: the FastAPI app of the quick start
-under ``uvicorn --workers 2``, and ``SNOWFLAKE_WORKER_ID`` under ``uvicorn --reload``.
+"""The deployment recipes of the README and docs/ under the real servers: the FastAPI app of
+the quick start under ``uvicorn --workers 2`` and ``SNOWFLAKE_WORKER_ID`` under ``uvicorn
+--reload``, gunicorn's and Celery's recipes, and the /metrics endpoint.
 
-The app is the README's own block (the one headed ``# app.py``), written to a file, so the
-recipe cannot drift from what is tested.
+The apps are the pages' own blocks (the one headed ``# app.py``, ``# gunicorn.conf.py``, ...),
+written to files, so a recipe cannot drift from what is tested.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ pytestmark = pytest.mark.slow
 
 
 def _readme_block(first_line: str) -> str:
-    for token in MarkdownIt("commonmark").parse((REPO / "README.md").read_text()):
-        if token.type == "fence" and token.content.startswith(first_line + "\n"):
-            return token.content
-    raise AssertionError(f"no README block starts with {first_line!r}")
+    """The block of README.md or of a documentation page (docs/) that starts with that line."""
+    for document in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        for token in MarkdownIt("commonmark").parse(document.read_text()):
+            if token.type == "fence" and token.content.startswith(first_line + "\n"):
+                return token.content
+    raise AssertionError(f"no block of README.md or docs/ starts with {first_line!r}")
 
 
 def _free_port() -> int:
