@@ -7,7 +7,7 @@ DEMO_STAMP := $(VENV)/.demo-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 SPIDER_PLUGIN := .venv/spider/usr/lib/mysql/plugin/ha_spider.so
 
-.PHONY: demo test lint pytest django6 package-check bench django-suite clean
+.PHONY: demo test lint pytest django6 package-check bench django-suite docs clean
 
 # Test processes (pytest-xdist) for the main pass and for the Django 6 pass. Most of the suite
 # waits on databases, subprocesses and leases rather than computing, so this exceeds 2 cores.
@@ -32,12 +32,16 @@ demo: $(DEMO_STAMP)
 	$(BIN)/python -m example_project
 	@echo "Next: 'source $(VENV)/bin/activate', then snowflake-db and python -m example_project work in this shell."
 
+# The documentation site is built too (into a temporary directory): --strict turns a broken link,
+# anchor or API reference into a failure.
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy --strict snowflake_db
+	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir "$$site"; \
+	status=$$?; rm -rf "$$site"; exit $$status
 
-# pytest includes README.md (every code block runs) and tests/test_packaging.py (sdist and wheel
-# built offline, the wheel installed into a fresh venv and smoke-tested there). The tests marked
+# pytest includes README.md and docs/ (every code block runs) and tests/test_packaging.py (sdist
+# and wheel built offline, the wheel installed into a fresh venv and smoke-tested there). The tests marked
 # `timing` run after the others, two modules at a time, a module's tests one at a time
 # (tests/conftest.py); both passes always run.
 pytest: $(TEST_STAMP) $(SPIDER_PLUGIN)
@@ -70,5 +74,9 @@ bench: $(TEST_STAMP)
 django-suite: $(TEST_STAMP)
 	$(BIN)/python benchmarks/django_suite.py --check
 
+# The documentation site (docs/, mkdocs.yml) at http://127.0.0.1:8000, rebuilt on every change.
+docs: $(TEST_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis dist build
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis dist build site
