@@ -8,7 +8,7 @@ that Django, psycopg, PyMySQL and this checkout, then runs the apps below on SQL
 and MariaDB three times (``RUNS``): ``big`` (``BigAutoField``), ``snowflake``
 (``SnowflakeAutoField`` as ``DEFAULT_AUTO_FIELD``, the field alone) and ``app`` (the same field
 with ``snowflake_db.django`` in ``INSTALLED_APPS`` and ``SNOWFLAKE_DB`` leasing worker IDs from
-its table, as the README recommends). It prints, per backend, how many tests failed in each run,
+its table, as the docs recommend). It prints, per backend, how many tests failed in each run,
 which fail only with Snowflake keys (and only with BigAutoField), and which fail only with the
 app installed.
 
@@ -64,7 +64,7 @@ APP = "snowflake_db.django"
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 
 _RETURNING = "asserts AutoField's SQL: the key read back with RETURNING"
-#: Tests that differ by design, with the reason (each is listed in the README).
+#: Tests that differ by design, with the reason (each is listed on docs/benchmarks.md).
 EXPECTED: dict[str, str] = {
     "queries.test_db_returning.ReturningValuesTests.test_insert_returning": _RETURNING,
     "queries.test_db_returning.ReturningValuesTests.test_insert_returning_multiple": _RETURNING,

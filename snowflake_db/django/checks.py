@@ -389,8 +389,8 @@ def _check_column_types(connection: Any, models: Sequence[Any] | None = None) ->
             Error(
                 where,
                 hint="Run `manage.py makemigrations` then `manage.py migrate`; for a table "
-                "Django does not manage, widen the column by hand (see the README's "
-                "'Adding Snowflake keys to an existing project').",
+                "Django does not manage, widen the column by hand (see the docs page "
+                "'Converting an existing Django project', docs/converting/django.md).",
                 obj=column.model,
                 id="snowflake_db.E010",
             )

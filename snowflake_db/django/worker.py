@@ -39,8 +39,8 @@ __all__ = [
     "sqlalchemy_url",
 ]
 
-#: Where the README explains the setting (named in NotConfiguredError and check hints).
-README_SECTION = 'the README, section "Django: the SNOWFLAKE_DB setting"'
+#: Where the docs explain the setting (named in NotConfiguredError and check hints).
+README_SECTION = 'the docs page "Django: the SNOWFLAKE_DB setting" (docs/reference/settings.md)'
 _NOT_CONFIGURED = "snowflake_db is not configured in this Django process: "
 
 # Django OPTIONS keys that are Django's own, not driver connect arguments.

@@ -156,7 +156,7 @@ def test_not_configured_error_names_the_setting_where_no_check_runs(
     assert result.returncode == 0, result.stderr
     message = result.stdout
     assert "settings.SNOWFLAKE_DB" in message
-    assert 'the README, section "Django: the SNOWFLAKE_DB setting"' in message
+    assert 'the docs page "Django: the SNOWFLAKE_DB setting"' in message
     for fragment in fragments:
         assert fragment in message
 
