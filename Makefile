@@ -7,11 +7,14 @@ DEMO_STAMP := $(VENV)/.demo-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 SPIDER_PLUGIN := .venv/spider/usr/lib/mysql/plugin/ha_spider.so
 
-.PHONY: demo test lint pytest django6 package-check bench django-suite docs clean
+.PHONY: demo test lint pytest pytest-parallel pytest-timing django6 package-check bench \
+	django-suite docs clean
 
-# Test processes (pytest-xdist) for the main pass and for the Django 6 pass. Most of the suite
-# waits on databases, subprocesses and leases rather than computing, so this exceeds 2 cores.
+# Test processes (pytest-xdist) for the main pass, the timing pass and the Django 6 pass. Most
+# of the suite waits on databases, subprocesses and leases rather than computing, so this
+# exceeds 2 cores.
 PYTEST_WORKERS ?= 6
+TIMING_WORKERS ?= 3
 DJANGO6_WORKERS ?= 2
 
 $(BIN)/python:
@@ -41,13 +44,18 @@ lint: $(TEST_STAMP)
 	status=$$?; rm -rf "$$site"; exit $$status
 
 # pytest includes README.md and docs/ (every code block runs) and tests/test_packaging.py (sdist
-# and wheel built offline, the wheel installed into a fresh venv and smoke-tested there). The tests marked
-# `timing` run after the others, two modules at a time, a module's tests one at a time
+# and wheel built offline, the wheel installed into a fresh venv and smoke-tested there). The
+# tests marked `timing` run after the others, three at a time, a test's backends one at a time
 # (tests/conftest.py); both passes always run.
 pytest: $(TEST_STAMP) $(SPIDER_PLUGIN)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not timing"; \
-	status=$$?; $(BIN)/python -m pytest -n 2 --dist loadgroup -m timing || status=1; \
-	exit $$status
+	@status=0; $(MAKE) --no-print-directory pytest-parallel || status=1; \
+	$(MAKE) --no-print-directory pytest-timing || status=1; exit $$status
+
+pytest-parallel: $(TEST_STAMP) $(SPIDER_PLUGIN)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not timing"
+
+pytest-timing: $(TEST_STAMP)
+	$(BIN)/python -m pytest -n $(TIMING_WORKERS) --dist loadgroup -m timing
 
 # MariaDB's Spider plugin for the throwaway Spider servers of tests/test_sharding_spider.py,
 # fetched from Debian's packages and unpacked into .venv/spider (never installed system-wide).
@@ -62,9 +70,14 @@ django6: $(TEST_STAMP)
 package-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests/test_packaging.py
 
-# The three at once; each one's output is printed whole when it ends (--output-sync).
-test: $(TEST_STAMP)
-	@$(MAKE) --no-print-directory -j3 --output-sync=target lint pytest django6
+# Two stages, each two jobs at once (each job's output printed whole when it ends,
+# --output-sync): lint beside the main pytest pass, then the timing pass beside the Django 6
+# pass. Every job runs whatever failed before it; the status is 1 if any failed.
+test: $(TEST_STAMP) $(SPIDER_PLUGIN)
+	@status=0; \
+	$(MAKE) --no-print-directory -j2 -k --output-sync=target lint pytest-parallel || status=1; \
+	$(MAKE) --no-print-directory -j2 -k --output-sync=target pytest-timing django6 || status=1; \
+	exit $$status
 
 bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/bench_generate.py

@@ -5,9 +5,9 @@ import pytest
 pytest_plugins = ["tests.plugins.databases", "tests.plugins.process_default"]
 
 # `make test` runs pytest -n 6 --dist loadgroup -m "not timing" (pytest-xdist: tests in
-# parallel processes), then pytest -n 2 --dist loadgroup -m timing: those tests judge lease
+# parallel processes), then pytest -n 3 --dist loadgroup -m timing: those tests judge lease
 # timings (fencing before a deadline, renewals across an outage) or start dozens of processes,
-# so they run after the others, two tests at a time (a test's parameters one at a time, the
+# so they run after the others, three tests at a time (a test's parameters one at a time, the
 # slow ones first).
 # Every test has its own database and tmp_path.
 
@@ -23,7 +23,7 @@ def pytest_configure(config: object) -> None:
     config.addinivalue_line(  # type: ignore[attr-defined]
         "markers",
         "timing: judges lease timings or loads the machine (make test runs these after the "
-        "others, two at a time)",
+        "others, three at a time)",
     )
 
 
@@ -31,7 +31,7 @@ def pytest_configure(config: object) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A `timing` test's parameters (one per backend) form one group, run one at a time by
     one pytest-xdist worker. Timing tests come first in the order, the `slow` ones before the
-    others, so that two workers finish them at about the same time."""
+    others, so that the workers finish them at about the same time."""
     for item in items:
         if item.get_closest_marker("timing") is not None:
             item.add_marker(pytest.mark.xdist_group(f"timing-{item.nodeid.split('[')[0]}"))
