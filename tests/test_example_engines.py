@@ -9,12 +9,14 @@ the tests skip with the reason; under ``CI=true`` they fail.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,24 +109,36 @@ def test_shop_on_throwaway_servers_it_starts_and_stops(engine: str) -> None:
     assert result.stderr == ""  # no progress frames (no terminal), no release warnings
 
 
-def test_sigterm_stops_the_throwaway_servers() -> None:
+def test_sigterm_stops_the_throwaway_servers(tmp_path: Path) -> None:
     """Stopped at the end even on failure: SIGTERM while orders are placed."""
     _require("postgresql-fdw")
     env = {key: value for key, value in os.environ.items() if not key.startswith("SHOP_")}
-    env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "example_project.sqlalchemy_shop", "--engine", "postgresql-fdw",
-         "--shards", "2", "--orders", "100000", "--processes", "2"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # PYTHONFAULTHANDLER: should the demo outlast the wait, SIGABRT prints where it is.
+    env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
+    errors = tmp_path / "stderr.txt"
+    with errors.open("w") as stderr:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "example_project.sqlalchemy_shop", "--engine",
+             "postgresql-fdw", "--shards", "2", "--orders", "100000", "--processes", "2"],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
     assert demo.stdout is not None
+    lines: list[str] = []
     try:
-        lines = []
         for line in demo.stdout:  # ends when the demo does; bounded by the wait below
             lines.append(line)
             if line.startswith("migrated:"):
                 demo.send_signal(signal.SIGTERM)
                 break
         rest, _ = demo.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        demo.send_signal(signal.SIGABRT)
+        time.sleep(5)
+        for pids in re.findall(r"servers, pids ([\d, ]+);", "".join(lines)):
+            for pid in pids.split(", "):  # the servers the aborted demo can no longer stop
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGQUIT)
+        pytest.fail("the demo outlasted 120 s after SIGTERM; its output and stacks:\n"
+                    + "".join(lines) + errors.read_text()[-6000:])
     finally:
         if demo.poll() is None:
             demo.kill()
