@@ -95,7 +95,9 @@ def local_engine(options: Options) -> Iterator[Options]:
     """
     count = options.local_shards
     servers: list[Any] = []
+    _stopping.clear()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so `finally` runs on SIGTERM
+    previous_alarm = signal.signal(signal.SIGALRM, _exit_on_sigterm)
     try:
         if options.engine == "postgresql-fdw":
             clusters = local_servers.postgres_clusters(
@@ -125,16 +127,35 @@ def local_engine(options: Options) -> Iterator[Options]:
     except local_servers.ServerUnavailableError as error:
         raise BadInputError(f"cannot start throwaway servers: {error}") from None
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut this short
+        _stopping.append(True)  # from here on neither signal may cut the stopping short
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for server in servers:
             server.close()
         if servers:
             print(f"stopped the {len(servers)} throwaway servers")
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGALRM, previous_alarm)
+
+
+#: The SIGTERM being handled (its number), then True once the servers are being stopped.
+_stopping: list[int | bool] = []
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    """Leave through the ``finally`` that stops the servers: raise ``SystemExit``.
+
+    Python may run a signal handler inside a weakref or garbage-collection callback, where an
+    exception is printed as "Exception ignored" and dropped (it happened: the demo went on
+    placing orders). So the first SIGTERM also starts a half-second SIGALRM timer that raises
+    again until the ``finally`` has begun.
+    """
+    if True in _stopping:
+        return
+    if not _stopping:
+        _stopping.append(signum)
+        signal.setitimer(signal.ITIMER_REAL, 0.5, 0.5)
+    raise SystemExit(128 + int(_stopping[0]))
 
 
 # -- migrate -----------------------------------------------------------------------------------
