@@ -17,6 +17,9 @@ import dataclasses
 import os
 import random
 import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -95,14 +98,23 @@ def local_engine(options: Options) -> Iterator[Options]:
     """
     count = options.local_shards
     servers: list[Any] = []
-    _stopping.clear()
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so `finally` runs on SIGTERM
-    previous_alarm = signal.signal(signal.SIGALRM, _exit_on_sigterm)
+    with sigterm_exits():  # so that `finally` stops the servers on SIGTERM
+        try:
+            yield from _started(options, count, servers)
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut this short
+            for server in servers:
+                server.close()
+            if servers:
+                print(f"stopped the {len(servers)} throwaway servers")
+
+
+def _started(options: Options, count: int, servers: list[Any]) -> Iterator[Options]:
     try:
         if options.engine == "postgresql-fdw":
             clusters = local_servers.postgres_clusters(
                 1 + count, names=["coordinator", *(f"shard{i}" for i in range(count))])
-            servers = list(clusters)
+            servers.extend(clusters)
             clusters[0].create_database("shop_control")
             for cluster in clusters:
                 cluster.create_database("shop")
@@ -111,7 +123,7 @@ def local_engine(options: Options) -> Iterator[Options]:
             kind = "PostgreSQL"
         else:
             spider = local_servers.spider_servers(count)
-            servers = list(spider)
+            servers.extend(spider)
             with spider[0].connect().cursor() as cursor:
                 cursor.execute("CREATE DATABASE shop_control")
             for server in spider:
@@ -126,36 +138,49 @@ def local_engine(options: Options) -> Iterator[Options]:
                                   shard_urls=urls[1:])
     except local_servers.ServerUnavailableError as error:
         raise BadInputError(f"cannot start throwaway servers: {error}") from None
-    finally:
-        _stopping.append(True)  # from here on neither signal may cut the stopping short
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for server in servers:
-            server.close()
-        if servers:
-            print(f"stopped the {len(servers)} throwaway servers")
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGALRM, previous_alarm)
 
 
-#: The SIGTERM being handled (its number), then True once the servers are being stopped.
-_stopping: list[int | bool] = []
-
-
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    """Leave through the ``finally`` that stops the servers: raise ``SystemExit``.
+@contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """Inside, SIGTERM raises ``SystemExit(128 + SIGTERM)``, so ``finally`` blocks run.
 
     Python may run a signal handler inside a weakref or garbage-collection callback, where an
-    exception is printed as "Exception ignored" and dropped (it happened: the demo went on
-    placing orders). So the first SIGTERM also starts a half-second SIGALRM timer that raises
-    again until the ``finally`` has begun.
+    exception cannot propagate: it is printed ("Exception ignored in ...") and dropped, and
+    the demo went on placing orders. ``sys.unraisablehook`` sees such a drop; the SIGTERM is
+    then sent again, to be raised where it propagates. The previous handler and hook come
+    back on the way out.
     """
-    if True in _stopping:
-        return
-    if not _stopping:
-        _stopping.append(signum)
-        signal.setitimer(signal.ITIMER_REAL, 0.5, 0.5)
-    raise SystemExit(128 + int(_stopping[0]))
+    received: list[int] = []
+    in_hook = threading.Event()
+
+    def exit_now(signum: int, frame: object) -> None:
+        received.append(signum)
+        raise SystemExit(128 + signum)
+
+    def resend(signum: int) -> None:
+        while in_hook.is_set():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signum)
+
+    def redeliver(unraisable: Any) -> None:
+        # Sent once this hook has returned: a handler run inside the hook (whose exceptions
+        # are dropped too) would be lost again.
+        in_hook.set()
+        try:
+            previous_hook(unraisable)
+            if received and isinstance(unraisable.exc_value, SystemExit):
+                threading.Thread(target=resend, args=(received[-1],), daemon=True).start()
+        finally:
+            in_hook.clear()
+
+    previous_hook = sys.unraisablehook
+    previous = signal.signal(signal.SIGTERM, exit_now)
+    sys.unraisablehook = redeliver
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous_hook
+        signal.signal(signal.SIGTERM, previous)
 
 
 # -- migrate -----------------------------------------------------------------------------------
