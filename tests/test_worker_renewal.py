@@ -37,16 +37,13 @@ from snowflake_db.testing import DEFAULT_FAKE_START_MS, FakeClock
 from snowflake_db.worker import TableLease, TableWorkerAllocator
 
 from .core_support import FakeAllocator, FakeLease
-from .outage_support import Outage
+from .outage_support import STEADY_LEASE_SECONDS, Outage
 from .plugins.databases import ScratchDatabase
 from .worker_support import allocator, read_slots, wait_for
 
 #: renew_every 0.5 s, safety margin 0.3 s (local deadline 1.2 s after a renewal starts);
 #: callers step in 0.175 s after a missed renewal and wait at most 0.125 s for one.
 LEASE_SECONDS = 1.5
-#: For the tests that claim callers never fence: a renewal may take 1.9 s before the deadline
-#: passes, which a machine loaded by two test runs at once can need (with 1.5 s leases: 0.7 s).
-STEADY_LEASE_SECONDS = 4.0
 SPAWN = multiprocessing.get_context("spawn")
 T0 = DEFAULT_FAKE_START_MS
 
