@@ -38,7 +38,7 @@ from snowflake_db.worker import TableLease, TableWorkerAllocator, forking
 #: libc's fork() holding the GIL, as a C server (uWSGI) forks: no Python fork hook runs.
 LIBC_FORK = ctypes.PyDLL(None, use_errno=True).fork
 LEASE_SECONDS = 1.2  # renewed every 0.4 s: the parent's heartbeat is busy
-CHILD_DEADLINE_S = 12.0
+CHILD_DEADLINE_S = 20.0
 RUN_S = 1.3  # each child also issues after 3 of its renewals were due
 RUNNING = 4  # children alive at once
 

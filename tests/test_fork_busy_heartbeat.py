@@ -64,8 +64,8 @@ def test_raw_forks_beside_a_busy_heartbeat_never_hang(
     # None hung once the library's repair ran. A few may hang before it, in CPython (see
     # tests/hookless_fork_parent.py): beyond any library's reach, seen only on a loaded machine.
     before_repair = [i for i, outcome in enumerate(outcomes) if outcome == "hung before the repair"]
-    assert len(before_repair) <= 2, outcomes
-    assert all(outcomes[i] == 0 for i in range(CHILDREN) if i not in before_repair), outcomes
+    assert len(before_repair) <= 2, str(outcomes)
+    assert all(outcomes[i] == 0 for i in range(CHILDREN) if i not in before_repair), str(outcomes)
     reports = [
         json.loads((tmp_path / f"child{i}.json").read_text())
         for i in range(CHILDREN) if i not in before_repair
