@@ -17,9 +17,13 @@ Phase 2, *outage*: a throwaway PostgreSQL cluster the benchmark creates itself (
 temporary directory; never the shared server) is stopped for ``--outage-seconds`` (default 10 s)
 while the processes issue, then started again. A trigger logs every lease row the database
 writes, so each lease's real deadline (``expires_at_ms``, database clock) is known afterwards.
-Targets: every process fences, and issues no ID stamped at or after its lease's deadline while
-the database is away (the margin is printed); every process issues again within 2 s of the
-database's return; zero duplicates.
+Targets: every process fences before its lease's deadline (the margin is printed); every
+process issues again within 2 s of the database's return; zero duplicates.
+
+In both phases every ID is checked against the lease rows the database logged (trigger
+``log_lease``): its stamp must lie between the moment a lease of its own process for its worker ID
+was written and that lease's expiry. An ID issued once the database is back is judged by the
+renewal written then, not by the deadline of the lease that lapsed during the outage.
 
 Every ID is kept (``array('q')`` per thread, written to a temporary file) and checked at the
 end: each thread's IDs strictly increase, and a merge of all threads' sorted IDs finds no value
@@ -29,7 +33,9 @@ twice. Exits non-zero when a target is missed.
 from __future__ import annotations
 
 import argparse
+import bisect
 import heapq
+import math
 import multiprocessing
 import os
 import sys
@@ -42,7 +48,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import pairwise, repeat
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench_worker import scratch_database  # the shared server's scratch database, dropped after
 from sqlalchemy import create_engine, text
@@ -55,6 +61,7 @@ from snowflake_db import DEFAULT_LAYOUT, SnowflakeError, SnowflakeGenerator
 from snowflake_db.worker import TableLease, TableWorkerAllocator
 
 FORK = multiprocessing.get_context("fork")
+Moment = TypeVar("Moment", int, float)
 RESUME_TARGET_S = 2.0
 
 
@@ -146,6 +153,7 @@ def _process(index: int, url: str, args: dict[str, Any], queues: tuple[Any, Any,
 @dataclass
 class ProcessResult:
     index: int
+    pid: int
     worker_ids: list[int]
     renewals: int
     caller_renewals: int
@@ -160,8 +168,8 @@ class ProcessResult:
         return sum(end - start for start, end in self.fenced)
 
 
-def _merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[tuple[float, float]] = []
+def _merge_intervals(intervals: Iterable[tuple[Moment, Moment]]) -> list[tuple[Moment, Moment]]:
+    merged: list[tuple[Moment, Moment]] = []
     for start, end in sorted(intervals):
         if merged and start <= merged[-1][1]:
             merged[-1] = (merged[-1][0], max(merged[-1][1], end))
@@ -213,6 +221,7 @@ def run_load(
         out_results.append(
             ProcessResult(
                 index=report["index"],
+                pid=report["pid"],
                 worker_ids=report["worker_ids"],
                 renewals=report["renewals"],
                 caller_renewals=report["caller_renewals"],
@@ -256,24 +265,53 @@ def count_duplicates(results: list[ProcessResult]) -> tuple[int, int, int]:
     return total, duplicates, unordered
 
 
-def ids_of_worker_between(
-    result: ProcessResult, worker_id: int, start_ms: int, end_ms: int
-) -> tuple[int, int | None]:
-    """How many of the process's IDs of ``worker_id`` are stamped in [start_ms, end_ms), and
-    the latest stamp below ``start_ms`` (or ``None``)."""
+@dataclass
+class LeaseCheck:
+    """A process's IDs against its lease rows: how many were stamped while it held no lease
+    for their worker ID, and per worker ID the latest stamp before its outage deadline."""
+
+    outside: int = 0
+    first_outside: tuple[int, int] | None = None  # (worker ID, stamp ms)
+    last_before_deadline: dict[int, int] = field(default_factory=dict)
+
+
+def describe_outside(result: ProcessResult, check: LeaseCheck) -> str:
+    worker_id, stamp = check.first_outside or (-1, 0)
+    return (
+        f"process {result.index}: {check.outside} IDs stamped outside its leases "
+        f"(first: worker {worker_id} at {stamp} ms)"
+    )
+
+
+def check_against_leases(result: ProcessResult, record: LeaseRecord) -> LeaseCheck:
+    """Check every ID of the process: its stamp must lie in an interval in which the database
+    held a lease of this process for the ID's worker ID (so an ID issued under a renewal written
+    after the outage counts as covered, and one issued past an expiry does not)."""
     layout = DEFAULT_LAYOUT
-    inside, before = 0, None
+    time_shift, worker_shift = layout.time_shift, layout.worker_shift
+    worker_mask = layout.max_worker_id
+    epoch_ms, tick_ms = layout.epoch_ms, layout.tick_ms
+    check = LeaseCheck()
+    last = check.last_before_deadline
     for path in result.files:
+        covered = (-1, 0, 0)  # (worker ID, start, end) of the last interval that covered an ID
         for value in _load(path):
-            decoded = layout.decode(value)
-            if decoded.worker_id != worker_id:
+            worker_id = (value >> worker_shift) & worker_mask
+            stamp = epoch_ms + (value >> time_shift) * tick_ms
+            deadline = record.deadlines.get(worker_id)
+            if deadline is not None and stamp < deadline and stamp > last.get(worker_id, -1):
+                last[worker_id] = stamp
+            if worker_id == covered[0] and covered[1] <= stamp < covered[2]:
                 continue
-            stamp = decoded.timestamp_ms
-            if start_ms <= stamp < end_ms:
-                inside += 1
-            elif stamp < start_ms and (before is None or stamp > before):
-                before = stamp
-    return inside, before
+            held = record.held.get(worker_id, [])
+            index = bisect.bisect_right(held, (stamp, math.inf)) - 1
+            if index >= 0 and stamp < held[index][1]:
+                covered = (worker_id, *held[index])
+                continue
+            check.outside += 1
+            if check.first_outside is None:
+                check.first_outside = (worker_id, stamp)
+    return check
 
 
 # -- databases -----------------------------------------------------------------------------------
@@ -281,12 +319,13 @@ def ids_of_worker_between(
 
 LEASE_LOG = """
 CREATE TABLE lease_log (
-    worker_id integer, lease_token varchar(32), written_at_ms bigint, expires_at_ms bigint
+    worker_id integer, lease_token varchar(32), pid integer, written_at_ms bigint,
+    expires_at_ms bigint
 );
 CREATE FUNCTION log_lease() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO lease_log VALUES (
-        NEW.worker_id, NEW.lease_token,
+        NEW.worker_id, NEW.lease_token, NEW.pid,
         CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT), NEW.expires_at_ms);
     RETURN NULL;
 END $$;
@@ -310,22 +349,49 @@ def install_lease_log(url: str) -> None:
         engine.dispose()
 
 
-def deadlines_before(url: str, before_ms: int) -> dict[int, int]:
-    """Per worker ID, the latest lease expiry the database wrote before ``before_ms``."""
+@dataclass
+class LeaseRecord:
+    """Every lease row the database wrote for one process: per worker ID, the merged intervals
+    [written, expires) (database clock, ms) in which it held that ID."""
+
+    held: dict[int, list[tuple[int, int]]]
+    deadlines: dict[int, int]  # per worker ID, its latest expiry written before the outage
+
+
+NO_LEASES = LeaseRecord(held={}, deadlines={})
+
+
+def lease_records(url: str, stopped_ms: int) -> dict[int, LeaseRecord]:
+    """Per process ID, the intervals its leases covered and its deadlines at ``stopped_ms``.
+
+    A lease row covers the IDs stamped from the moment it was written (the process cannot know
+    of it earlier) until its expiry; rows written in a transaction that did not commit are not
+    in the log either. Released rows (no token or no expiry) cover nothing."""
     engine = create_engine(url)
     try:
         with engine.connect() as connection:
             rows = connection.execute(
                 text(
-                    "SELECT worker_id, max(expires_at_ms) FROM lease_log "
-                    "WHERE written_at_ms < :before AND expires_at_ms IS NOT NULL "
-                    "GROUP BY worker_id"
-                ),
-                {"before": before_ms},
-            )
-            return {int(worker_id): int(expiry) for worker_id, expiry in rows}
+                    "SELECT pid, worker_id, written_at_ms, expires_at_ms FROM lease_log "
+                    "WHERE lease_token IS NOT NULL AND expires_at_ms IS NOT NULL"
+                )
+            ).all()
     finally:
         engine.dispose()
+    spans: dict[int, dict[int, list[tuple[int, int]]]] = {}
+    deadlines: dict[int, dict[int, int]] = {}
+    for pid, worker_id, written_ms, expires_ms in rows:
+        spans.setdefault(pid, {}).setdefault(worker_id, []).append((written_ms, expires_ms))
+        if written_ms < stopped_ms:
+            per_worker = deadlines.setdefault(pid, {})
+            per_worker[worker_id] = max(expires_ms, per_worker.get(worker_id, expires_ms))
+    return {
+        pid: LeaseRecord(
+            held={w: _merge_intervals(spans_of_w) for w, spans_of_w in per_pid.items()},
+            deadlines=deadlines.get(pid, {}),
+        )
+        for pid, per_pid in spans.items()
+    }
 
 
 # -- reporting -----------------------------------------------------------------------------------
@@ -388,6 +454,7 @@ def healthy_phase(args: argparse.Namespace, out: str) -> list[str]:
         f"load average before: {load_average()}"
     )
     with scratch_database("postgresql") as url:
+        install_lease_log(url)
         results, _ = run_load(
             url,
             seconds=args.seconds,
@@ -398,10 +465,15 @@ def healthy_phase(args: argparse.Namespace, out: str) -> list[str]:
             stop_heartbeat=args.stop_heartbeat,
             out=out,
         )
+        records = lease_records(url, stopped_ms=0)
     print(f"load average after: {load_average()}")
     print_table(results)
     duplicates, unordered, errors = print_totals(results, with_fenced=True)
     missed = []
+    for result in results:
+        check = check_against_leases(result, records.get(result.pid, NO_LEASES))
+        if check.outside:
+            missed.append(f"healthy: {describe_outside(result, check)}")
     if errors.get("LeaseExpiredError", 0):
         missed.append(f"healthy: {errors['LeaseExpiredError']} LeaseExpiredError (target 0)")
     other = sum(count for name, count in errors.items() if name != "LeaseExpiredError")
@@ -450,10 +522,10 @@ def outage_phase(args: argparse.Namespace, out: str) -> list[str]:
             out=out,
             during=cut,
         )
-        # The leases held when the database went away: a renewal written once it was back
-        # (it accepts connections just before pg_ctl returns) would move the deadline past
-        # the outage and leave nothing to check.
-        deadlines = deadlines_before(url, round(times["stopped"] * 1000))
+        # Every lease row each process had written; the deadlines are those of the leases held
+        # when the database went away (a renewal written once it was back, which can be just
+        # before pg_ctl returns, starts a new interval instead of moving the old deadline).
+        records = lease_records(url, round(times["stopped"] * 1000))
     finally:
         server.close()
     print(
@@ -461,20 +533,18 @@ def outage_phase(args: argparse.Namespace, out: str) -> list[str]:
         f"{times['stopped'] - times['stop_requested']:.2f} s after the request, back "
         f"{times['back'] - times['stop_requested']:.2f} s after it"
     )
-    back_ms = round(times["back"] * 1000)
     missed: list[str] = []
     extra: dict[int, str] = {}
     for result in results:
         notes = []
-        for worker_id in result.worker_ids:
-            deadline = deadlines.get(worker_id)
-            if deadline is None:
-                continue
-            inside, last = ids_of_worker_between(result, worker_id, deadline, back_ms)
+        record = records.get(result.pid, NO_LEASES)
+        check = check_against_leases(result, record)
+        for worker_id, deadline in sorted(record.deadlines.items()):
+            last = check.last_before_deadline.get(worker_id)
             margin = "n/a" if last is None else f"{deadline - last} ms"
             notes.append(f"w{worker_id}: last ID {margin} before the deadline")
-            if inside:
-                missed.append(f"process {result.index}: {inside} IDs stamped after the deadline")
+        if check.outside:
+            missed.append(describe_outside(result, check))
         fences = [
             (start, end)
             for start, end in result.fenced
@@ -486,9 +556,7 @@ def outage_phase(args: argparse.Namespace, out: str) -> list[str]:
         else:
             fenced_at = min(s for s, _ in fences)
             resumed = max(e for _, e in fences) - times["back"]
-            first_deadline = min(
-                (deadlines[w] for w in result.worker_ids if w in deadlines), default=None
-            )
+            first_deadline = min(record.deadlines.values(), default=None)
             if first_deadline is not None:
                 notes.append(f"fenced {first_deadline / 1000 - fenced_at:.2f} s before it")
                 if fenced_at * 1000 >= first_deadline:
