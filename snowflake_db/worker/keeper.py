@@ -75,6 +75,7 @@ class LeaseKeeper:
             high_water_ms=taken.high_water_ms,
             valid_until=taken.started + timing.lease_seconds - timing.safety_margin,
             next_renewal_at=taken.started + timing.renew_every,
+            renewed_at=taken.started,
             clock=clock,
             where=where,
             release=self.release,

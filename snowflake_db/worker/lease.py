@@ -54,6 +54,7 @@ class TableLease:
         high_water_ms: int,
         valid_until: float,
         next_renewal_at: float,
+        renewed_at: float,
         clock: Clock,
         where: str,
         release: Callable[[TableLease], None],
@@ -76,7 +77,9 @@ class TableLease:
         self.last_error: str | None = None
         self.failures = 0
         self.renewals = 0
-        self.renewed_at = time.monotonic()
+        # Monotonic start of the claim (or the last renewal) statement: what the expiry and the
+        # mark were timed from, never later.
+        self.renewed_at = renewed_at
         self._where = where
         self._problem = ""
         self._release = release
