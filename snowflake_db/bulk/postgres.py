@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .copy_text import text_block
-from .table import BulkTable
+from .table import BulkTable, ChunkedRows, ColumnRows
 from .values import check_temporal, diagnose, kind_of
 
 __all__ = ["column_types", "copy_rows", "quote"]
@@ -64,7 +64,9 @@ def copy_rows(dbapi_connection: Any, table: BulkTable, rows: Sequence[Sequence[A
     """
     types = column_types(dbapi_connection, table)
     kinds = [kind_of(type_name) for _, type_name in types]
-    check_temporal(table, kinds, rows, "postgresql")
+    chunked = rows if isinstance(rows, ChunkedRows) else None
+    if chunked is None:
+        check_temporal(table, kinds, rows, "postgresql")
     columns = ", ".join(quote(column) for column in table.columns)
     statement = f"COPY {_relation(table)} ({columns}) FROM STDIN"
     read = getattr(rows, "column", None)  # ColumnRows: the columns as they are
@@ -74,17 +76,25 @@ def copy_rows(dbapi_connection: Any, table: BulkTable, rows: Sequence[Sequence[A
             write_row = copy.write_row
             for start in range(0, len(rows), _CHUNK_ROWS):
                 end = start + _CHUNK_ROWS
-                if read is not None:
-                    block = text_block([read(index)[start:end] for index in range(len(types))])
+                block_columns: list[list[Any]]
+                if chunked is not None:  # made now, while the server stores the last block
+                    block_columns = chunked.chunk(start, end)
+                    check_temporal(
+                        table, kinds, ColumnRows(block_columns), "postgresql", first_row=start
+                    )
+                elif read is not None:
+                    block_columns = [read(index)[start:end] for index in range(len(types))]
                 else:
-                    block = text_block(list(zip(*rows[start:end], strict=True)))
+                    block_columns = list(map(list, zip(*rows[start:end], strict=True)))
+                block = text_block(block_columns)
                 if block is not None:
                     copy.write(block)
                     continue
-                for row in rows[start:end]:  # a column psycopg must adapt (JSON, bytes, ...)
-                    write_row(row)
+                for row in zip(*block_columns, strict=True):  # a column psycopg must adapt
+                    write_row(row)  # (JSON, bytes, ...)
     except Exception as error:
-        found = diagnose(table, kinds, rows, "postgresql")
+        sent = rows if chunked is None else chunked.made()  # never make more rows to report
+        found = diagnose(table, kinds, sent, "postgresql")
         if found is not None:
             raise found from error
         raise

@@ -12,7 +12,9 @@ from typing import Any, overload
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["BulkTable", "ColumnRows", "fill_key_column", "fill_keys", "rows_as_lists"]
+__all__ = [
+    "BulkTable", "ChunkedRows", "ColumnRows", "fill_key_column", "fill_keys", "rows_as_lists"
+]
 
 
 @dataclass(frozen=True)
@@ -137,3 +139,62 @@ class ColumnRows(Sequence[tuple[Any, ...]]):
         if isinstance(index, slice):
             return list(zip(*(column[index] for column in self.columns), strict=True))
         return tuple(column[index] for column in self.columns)
+
+
+class ChunkedRows(Sequence[tuple[Any, ...]]):
+    """Rows made a block at a time: ``chunk(start, end)`` gives the columns of rows
+    ``start..end``, blocks in order.
+
+    A loader then formats and sends one block while the server stores the one before, instead
+    of reading every object before the first byte leaves (on PostgreSQL the server's COPY work
+    is longer than the client's, so the client's reading is hidden behind it). :meth:`made`
+    holds the blocks made so far, which is what an error report may name; reading the rows
+    any other way makes the rest first.
+    """
+
+    __slots__ = ("_blocks", "_count", "_made_until", "_make")
+
+    def __init__(self, count: int, make: Callable[[int, int], list[list[Any]]]) -> None:
+        self._count = count
+        self._make = make
+        self._blocks: list[list[list[Any]]] = []
+        self._made_until = 0
+
+    def chunk(self, start: int, end: int) -> list[list[Any]]:
+        if start != self._made_until:
+            raise ValueError(f"blocks are made in order: next is {self._made_until}, not {start}")
+        columns = self._make(start, min(end, self._count))
+        self._blocks.append(columns)
+        self._made_until = min(end, self._count)
+        return columns
+
+    def made(self) -> ColumnRows:
+        if len(self._blocks) == 1:
+            return ColumnRows(self._blocks[0])
+        width = len(self._blocks[0]) if self._blocks else 0
+        return ColumnRows(
+            [[value for block in self._blocks for value in block[i]] for i in range(width)]
+        )
+
+    def _all(self) -> ColumnRows:
+        if self._made_until < self._count:
+            self.chunk(self._made_until, self._count)
+        return self.made()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self._all())
+
+    def column(self, index: int) -> list[Any]:
+        return self._all().column(index)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[Any, ...]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[Any, ...]]: ...
+
+    def __getitem__(self, index: int | slice) -> tuple[Any, ...] | list[tuple[Any, ...]]:
+        return self._all()[index]

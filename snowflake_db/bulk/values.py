@@ -117,10 +117,15 @@ def _surrogate(text: str) -> str | None:
 
 
 def check_temporal(
-    table: BulkTable, kinds: Sequence[str], rows: Sequence[Sequence[Any]], vendor: str
+    table: BulkTable,
+    kinds: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    vendor: str,
+    first_row: int = 0,
 ) -> None:
     """Refuse naive/aware mix-ups in time columns before anything is sent (the only silent
-    change a COPY or LOAD DATA would make); costs one pass over those columns only."""
+    change a COPY or LOAD DATA would make); costs one pass over those columns only.
+    ``first_row`` numbers the rows of a block within the whole load."""
     for column, kind in enumerate(kinds):
         if kind not in TEMPORAL_KINDS:
             continue
@@ -138,7 +143,7 @@ def check_temporal(
             if isinstance(value, dt.datetime):
                 reason = problem(kind, value, vendor)
                 if reason is not None:
-                    raise refusal(table, column, number, value, reason)
+                    raise refusal(table, column, first_row + number, value, reason)
 
 
 def diagnose(

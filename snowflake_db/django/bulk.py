@@ -35,7 +35,7 @@ from django.db import connections, models, router, transaction
 from django.db.models.query_utils import DeferredAttribute
 
 from ..bulk.load import load_rows
-from ..bulk.table import BulkTable, ColumnRows
+from ..bulk.table import BulkTable, ChunkedRows, ColumnRows
 from ..errors import BulkLoadError
 from . import fields as fields_module
 from .columns import require_wide_columns
@@ -207,40 +207,49 @@ def _link(objs: list[Any], field: Any, linked: list[tuple[str, list[Any]]]) -> N
 
 def _rows(
     model: Any, objs: list[Any], connection: Any, linked: list[tuple[str, list[Any]]]
-) -> tuple[BulkTable, ColumnRows]:
+) -> tuple[BulkTable, ColumnRows | ChunkedRows]:
     """The objects' rows as an INSERT would send them (``pre_save`` where it matters, then
-    ``get_db_prep_save``), built column by column (:class:`ColumnRows`); foreign keys taken
-    from related objects are noted in ``linked``."""
+    ``get_db_prep_save``), built column by column; foreign keys taken from related objects
+    are noted in ``linked``. On PostgreSQL a block at a time (:class:`ChunkedRows`), as the
+    COPY sends them, so reading the objects overlaps the server's work."""
     meta = model._meta
     fields = _fields(meta)
     table = BulkTable(meta.db_table, tuple(field.column for field in fields))
     relations = [field for field in fields if field.many_to_one or field.one_to_one]
-    if meta.private_fields:  # GenericForeignKey: Django's own preparation
+    link_per_block = relations
+    if meta.private_fields:  # GenericForeignKey: Django's own preparation, all up front
+        link_per_block = []
         for field in relations:
             given = _stored(objs, field.attname)
             empty = [obj for obj, key in zip(objs, given, strict=True) if key is None]
             linked.append((field.attname, empty))
         for obj in objs:
             obj._prepare_related_fields_for_save(operation_name="bulk_load")
+
+    def make(start: int, end: int) -> list[list[Any]]:
+        part = objs if start == 0 and end >= len(objs) else objs[start:end]
+        for field in link_per_block:
+            _link(part, field, linked)
+        return [_column(model, field, part, connection) for field in fields]
+
+    if connection.vendor == "postgresql":
+        return table, ChunkedRows(len(objs), make)
+    return table, ColumnRows(make(0, len(objs)))
+
+
+def _column(model: Any, field: Any, objs: list[Any], connection: Any) -> list[Any]:
+    """One field's values of ``objs`` as an INSERT sends them."""
+    if _needs_pre_save(field):
+        values = [field.pre_save(obj, True) for obj in objs]
     else:
-        for field in relations:
-            _link(objs, field, linked)
-    columns = []
-    for field in fields:
-        if _needs_pre_save(field):
-            values = [field.pre_save(obj, True) for obj in objs]
-        else:
-            values = _read(model, field.attname, objs)
-        plain = _plain_type(field, connection.vendor)
-        if connection.vendor == "mysql" and plain is int and _is_key(field) and 0 in values:
-            plain = None  # validate_autopk_value() refuses it with Django's message
-        if plain is None or not set(map(type, values)) <= {plain, type(None)}:
-            prepare = field.get_db_prep_save
-            values = [
-                value if type(value) is plain else prepare(value, connection) for value in values
-            ]
-        columns.append(values)
-    return table, ColumnRows(columns)
+        values = _read(model, field.attname, objs)
+    plain = _plain_type(field, connection.vendor)
+    if connection.vendor == "mysql" and plain is int and _is_key(field) and 0 in values:
+        plain = None  # validate_autopk_value() refuses it with Django's message
+    if plain is None or not set(map(type, values)) <= {plain, type(None)}:
+        prepare = field.get_db_prep_save
+        values = [value if type(value) is plain else prepare(value, connection) for value in values]
+    return values
 
 
 def bulk_load(

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connections, models
+from django.db import DataError, IntegrityError, connections, models
 from django.test.utils import isolate_apps
 from django.utils import timezone
 
@@ -199,3 +199,86 @@ def test_a_lone_surrogate_is_named_and_nothing_loads(backend: str) -> None:
     orders[6].note = "good"
     bulk_load(orders, items)
     assert Item.objects.filter(order=orders[1]).count() == 3
+
+
+def test_errors_past_the_first_block_name_their_row_and_load_nothing(backend: str) -> None:
+    """On PostgreSQL the objects are read a 2,000-row block at a time while the COPY runs; a
+    value refused in a later block (by Django's conversion, by the loader's check, or by the
+    server) still names its row, leaves no row, and takes every key back."""
+    customer = Customer.objects.create(name="ada")
+    orders, items = _orders_with_items(customer, 2_500)
+    good = orders[2_300].note
+    cases: list[tuple[str, Any, type[Exception], str]] = [
+        ("total_cents", "many", ValueError, "expected a number but got 'many'")
+    ]
+    vendor = connections[backend].vendor
+    if vendor == "postgresql":  # the only one of the three that refuses NUL in text
+        cases.append(("note", "NUL \x00 here", UnrepresentableValueError, "NUL"))
+    for attribute, bad, error, match in cases:
+        setattr(orders[2_300], attribute, bad)
+        with pytest.raises(error, match=match) as caught:
+            bulk_load(orders, items)
+        if isinstance(caught.value, UnrepresentableValueError):
+            assert (caught.value.column, caught.value.row) == ("note", 2_300)
+        assert (Order.objects.count(), Item.objects.count()) == (0, 0)
+        assert all(obj.pk is None and obj._state.adding for obj in orders + items)
+        setattr(orders[2_300], attribute, 0 if attribute == "total_cents" else good)
+    stray = items[4_500].order
+    items[4_500].order = Order(customer=customer)  # neither saved nor in this load
+    with pytest.raises(ValueError, match="unsaved related object 'order'"):
+        bulk_load(orders, items)
+    assert (Order.objects.count(), Item.objects.count()) == (0, 0)
+    assert all(obj.pk is None and obj.order_id is None for obj in items)
+    items[4_500].order = stray
+    if vendor != "sqlite":  # SQLite does not hold text to the column's length
+        items[4_000].sku = "s" * 21  # too long for the column: the server refuses it
+        with pytest.raises((DataError, BulkLoadRejectedError), match="too long"):
+            bulk_load(orders, items)
+        assert (Order.objects.count(), Item.objects.count()) == (0, 0)
+        items[4_000].sku = "fits"
+    bulk_load(orders, items)
+    assert (Order.objects.count(), Item.objects.count()) == (2_500, 7_500)
+    assert Order.objects.get(pk=orders[2_300].pk).total_cents == 0
+    assert Item.objects.get(pk=items[4_000].pk).order_id == orders[1_333].pk
+
+
+def test_blocks_that_psycopg_adapts_round_trip(tx_backend: str, typed_model: Any) -> None:
+    """JSON and bytes columns go through psycopg's own adaptation, block by block."""
+    objs = [
+        typed_model(data={"n": n, "t": "a\tb"}, blob=n.to_bytes(2, "big"), count=n)
+        for n in range(4_500)
+    ]
+    bulk_load(objs)
+    stored = {obj.count: obj for obj in typed_model.objects.all()}
+    assert len(stored) == 4_500
+    for obj in objs:
+        got = stored[obj.count]
+        assert (got.pk, got.data, bytes(got.blob)) == (obj.pk, obj.data, bytes(obj.blob))
+
+
+@backends("postgresql", transaction=True)
+def test_a_naive_time_past_the_first_block_is_named_by_its_row(tx_backend: str) -> None:
+    with isolate_apps("tests.django_project.shop"):
+
+        class Delivery(models.Model):
+            id = SnowflakeAutoField(primary_key=True)
+            due = models.DateTimeField()
+
+            class Meta:
+                app_label = "shop"
+                db_table = "shop_bulk_delivery"
+
+        connection = connections[tx_backend]
+        with connection.schema_editor() as editor:
+            editor.create_model(Delivery)
+        try:
+            due = timezone.now()
+            objs = [Delivery(due=due) for _ in range(3_000)]
+            objs[2_222].due = due.replace(tzinfo=None)
+            with pytest.raises(UnrepresentableValueError, match="naive") as caught:
+                bulk_load(objs)
+            assert (caught.value.column, caught.value.row) == ("due", 2_222)
+            assert Delivery.objects.count() == 0
+        finally:
+            with connection.schema_editor() as editor:
+                editor.delete_model(Delivery)
