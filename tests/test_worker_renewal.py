@@ -200,7 +200,9 @@ def test_callers_keep_the_lease_while_the_heartbeat_is_starved(any_db: ScratchDa
 def test_one_renewal_at_a_time_however_many_callers(postgres_db: ScratchDatabase) -> None:
     """Eight threads on one generator, heartbeat stopped: renewal statements never overlap and
     come about once per renewal period, not once per caller or per tick."""
-    with allocator(postgres_db, lease_seconds=LEASE_SECONDS) as alloc:
+    # The steady lease: a caller's renewal may take 1.9 s before the deadline passes (a 1.5 s
+    # lease leaves 0.7 s, which a machine running two suites can take from a thread).
+    with allocator(postgres_db, lease_seconds=STEADY_LEASE_SECONDS) as alloc:
         gen = SnowflakeGenerator(allocator=alloc)
         gen.ensure_worker()
         lease = _lease(gen)
@@ -222,7 +224,7 @@ def test_one_renewal_at_a_time_however_many_callers(postgres_db: ScratchDatabase
 
         event.listen(alloc._engine, "before_cursor_execute", before)
         event.listen(alloc._engine, "after_cursor_execute", after)
-        seconds = 4 * LEASE_SECONDS
+        seconds = 6.0  # four and a half renewal periods
         with calling(gen, threads=8) as callers:
             time.sleep(seconds)
         assert _wait_for(lambda: lease.renewal_in_flight() is None, 10)
