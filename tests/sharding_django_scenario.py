@@ -116,6 +116,28 @@ def test_a_string_pk_from_a_url_is_routed_like_an_int(shop: Shop) -> None:
     assert set(counts) == {shop.router.target_for_id(order.pk)}
 
 
+def test_an_order_number_is_routed_like_its_key(
+    shop: Shop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("cryptography", reason="public numbers need the public-ids extra")
+    from snowflake_db.public_ids import ENV_VAR, generate_key
+
+    if not os.environ.get(ENV_VAR):
+        monkeypatch.setenv(ENV_VAR, generate_key())
+    order = shop.orders[3]
+    number = order.public_id
+    home = shop.router.target_for_id(order.pk)
+    with count_queries(ALIASES) as counts:
+        assert Order.objects.get(public_id=number).pk == order.pk
+        assert [o.pk for o in Order.objects.filter(public_id__in=[number, "not-a-number"])] == [
+            order.pk
+        ]
+    assert set(counts) == {home}, counts
+    with count_queries(ALIASES) as counts, pytest.raises(Order.DoesNotExist):
+        Order.objects.get(public_id="not-a-number")  # refused: no shard can hold it
+    assert not counts, counts
+
+
 def test_shard_key_filters_read_one_shard(shop: Shop) -> None:
     customer = shop.customers[5]
     with count_queries(ALIASES) as counts:

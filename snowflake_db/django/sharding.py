@@ -101,6 +101,22 @@ def _attname(model: Any, name: str) -> str:
     return str(getattr(field, "attname", name))
 
 
+def _through_public_id(model: Any, name: str, values: list[Any]) -> tuple[str, list[Any]]:
+    """A ``PublicId`` lookup as the lookup of the key it encodes (``public_id=text`` ->
+    ``pk=key``), so that an order number is routed like its key; numbers the namespace refuses
+    match nothing and are dropped. Any other field is returned as it is."""
+    from .public_ids import PublicId
+
+    try:
+        field = model._meta.get_field(name)
+    except FieldDoesNotExist:
+        return name, values
+    if not isinstance(field, PublicId):
+        return name, values
+    keys = [field.key_or_refused(value) for value in values]
+    return field.target_name, [key for key in keys if isinstance(key, int)]
+
+
 def _values(instance: Any, rule: ShardRule) -> dict[str, object]:
     return {name: getattr(instance, _attname(type(instance), name), None) for name in rule.fields}
 
@@ -221,10 +237,11 @@ class ShardedQuerySet(models.QuerySet):
             field, _, operator = lookup.partition("__")
             if operator not in ("", "exact", "in"):
                 continue
+            values = list(value) if operator == "in" else [value]
+            field, values = _through_public_id(self.model, field, values)
             attname = _attname(self.model, field)
             if attname not in names:
                 continue
-            values = list(value) if operator == "in" else [value]
             # URL kwargs arrive as strings: convert like the field does ("123" -> 123).
             field_object = self.model._meta.get_field(field) if field != "pk" \
                 else self.model._meta.pk
