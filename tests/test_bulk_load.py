@@ -332,3 +332,22 @@ def test_rows_of_another_shape_are_named(sqlite_db: ScratchDatabase) -> None:
                                               parent_column="order_id")
             got = dict(connection.execute(select(items.c.sku, items.c.order_id)).all())
             assert got == {"a": parents[0], "b": parents[1]}
+
+
+def test_chunked_rows_are_made_once_in_order_and_read_whole_on_demand() -> None:
+    from snowflake_db.bulk.table import ChunkedRows
+    from snowflake_db.errors import InvalidArgumentError
+
+    made: list[tuple[int, int]] = []
+
+    def make(start: int, end: int) -> list[list[Any]]:
+        made.append((start, end))
+        return [list(range(start, end)), [f"r{i}" for i in range(start, end)]]
+
+    rows = ChunkedRows(5, make)
+    assert rows.chunk(0, 2) == [[0, 1], ["r0", "r1"]]
+    assert list(rows.made()) == [(0, "r0"), (1, "r1")]  # what an error report may name
+    with pytest.raises(InvalidArgumentError, match="start=3, but the next block starts at 2"):
+        rows.chunk(3, 5)
+    assert (len(rows), rows[4], rows.column(1)) == (5, (4, "r4"), ["r0", "r1", "r2", "r3", "r4"])
+    assert made == [(0, 2), (2, 5)]  # each row made once

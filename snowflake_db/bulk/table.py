@@ -162,7 +162,10 @@ class ChunkedRows(Sequence[tuple[Any, ...]]):
 
     def chunk(self, start: int, end: int) -> list[list[Any]]:
         if start != self._made_until:
-            raise ValueError(f"blocks are made in order: next is {self._made_until}, not {start}")
+            raise InvalidArgumentError(
+                f"blocks are made in order: start={start}, but the next block starts at "
+                f"{self._made_until}"
+            )
         columns = self._make(start, min(end, self._count))
         self._blocks.append(columns)
         self._made_until = min(end, self._count)
