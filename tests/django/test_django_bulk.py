@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import decimal
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -105,14 +106,21 @@ def typed_model(tx_backend: str) -> Iterator[Any]:
                 app_label = "shop"
                 db_table = "shop_bulk_entry"
 
-        connection = connections[tx_backend]
-        with connection.schema_editor() as editor:
-            editor.create_model(Entry)
-        try:
+        with _table_of(Entry, tx_backend):
             yield Entry
-        finally:
-            with connection.schema_editor() as editor:
-                editor.delete_model(Entry)
+
+
+@contextmanager
+def _table_of(model: Any, alias: str) -> Iterator[None]:
+    """The model's table on ``alias`` for the duration (a model made inside the test)."""
+    connection = connections[alias]
+    with connection.schema_editor() as editor:
+        editor.create_model(model)
+    try:
+        yield
+    finally:
+        with connection.schema_editor() as editor:
+            editor.delete_model(model)
 
 
 def test_pre_save_and_types_round_trip(tx_backend: str, typed_model: Any) -> None:
@@ -268,10 +276,7 @@ def test_a_naive_time_past_the_first_block_is_named_by_its_row(tx_backend: str) 
                 app_label = "shop"
                 db_table = "shop_bulk_delivery"
 
-        connection = connections[tx_backend]
-        with connection.schema_editor() as editor:
-            editor.create_model(Delivery)
-        try:
+        with _table_of(Delivery, tx_backend):
             due = timezone.now()
             objs = [Delivery(due=due) for _ in range(3_000)]
             objs[2_222].due = due.replace(tzinfo=None)
@@ -279,6 +284,3 @@ def test_a_naive_time_past_the_first_block_is_named_by_its_row(tx_backend: str) 
                 bulk_load(objs)
             assert (caught.value.column, caught.value.row) == ("due", 2_222)
             assert Delivery.objects.count() == 0
-        finally:
-            with connection.schema_editor() as editor:
-                editor.delete_model(Delivery)
