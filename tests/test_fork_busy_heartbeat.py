@@ -83,8 +83,8 @@ def test_raw_forks_beside_a_busy_heartbeat_never_hang(
     for report in reports:
         assert report["mine"] is True
         assert report["threads_allowed"] is True  # repaired: a heartbeat of its own runs
-        # Its heartbeat renewed (about 3 renewals fall due in its 1.3 s; a loaded machine may
-        # run fewer of them in time, which fences for a while, counted in "fenced").
+        # Its heartbeat renewed (about 3 renewals fall due in its 1.3 s; on a loaded machine
+        # the child issues up to 8 s longer until one is done, fenced meanwhile if late).
         assert report["renewals"] >= 1, report
     ids = array("q", parent["ids"])
     for index in range(CHILDREN):
