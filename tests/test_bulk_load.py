@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from psycopg.pq import TransactionStatus
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -26,8 +27,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 import snowflake_db
+from snowflake_db.bulk import BulkTable, load_rows
 from snowflake_db.errors import (
     BulkLoadRejectedError,
+    InvalidArgumentError,
     LocalInfileRefusedError,
     UnrepresentableValueError,
 )
@@ -167,6 +170,39 @@ def test_joins_the_callers_transaction(engine: Engine) -> None:
         connection.commit()
     with engine.connect() as connection:
         assert _count(connection, orders) == 10
+
+
+def test_work_beside_the_server_runs_once_every_row_is_sent(engine: Engine) -> None:
+    """``load_rows(beside_server=...)`` runs once per load: on PostgreSQL inside the COPY
+    (the server still storing rows), elsewhere after the load; what it raises comes out as
+    itself and aborts the load."""
+    table = BulkTable("bulk_orders", ("id", "customer_id", "total_cents"))
+    rows = [[key, 1, 2] for key in snowflake_db.get_generator().next_ids(5_000)]
+    seen: list[Any] = []
+    with engine.connect() as connection:
+        dbapi = connection.connection.dbapi_connection
+        vendor = engine.dialect.name
+
+        def beside() -> None:  # PostgreSQL: COPY IN is still open on the connection
+            seen.append(getattr(dbapi, "pgconn", None) and dbapi.pgconn.transaction_status)
+
+        load_rows(dbapi, vendor, table, rows, beside_server=beside)
+        assert _count(connection, orders) == 5_000
+        if vendor == "postgresql":
+            assert seen == [TransactionStatus.ACTIVE]
+        else:
+            assert len(seen) == 1
+
+        def refuse() -> None:
+            raise InvalidArgumentError("refused beside the server")
+
+        later = [[key, 1, 2] for key in snowflake_db.get_generator().next_ids(5_000)]
+        with (
+            pytest.raises(InvalidArgumentError, match="refused beside the server"),
+            connection.begin_nested(),
+        ):
+            load_rows(dbapi, vendor, table, later, beside_server=refuse)
+        assert _count(connection, orders) == 5_000
 
 
 def test_a_duplicate_key_fails_the_whole_load_and_the_transaction_goes_on(engine: Engine) -> None:

@@ -15,7 +15,7 @@ refuses what does not fit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .copy_text import text_block
@@ -26,8 +26,18 @@ __all__ = ["column_types", "copy_rows", "quote"]
 
 #: Rows per block sent. Small enough that the server starts parsing, inserting and indexing
 #: while the next block is formatted (the client and the server then work side by side on a
-#: two-core machine); large enough that per-block costs stay negligible.
+#: two-core machine); large enough that per-block costs stay negligible. The first block is
+#: smaller: until it arrives the server has nothing to do.
 _CHUNK_ROWS = 2_000
+_FIRST_BLOCK_ROWS = 250
+
+
+def _blocks(count: int) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each block of ``count`` rows."""
+    start, end = 0, min(count, _FIRST_BLOCK_ROWS)
+    while start < count:
+        yield start, end
+        start, end = end, min(count, end + _CHUNK_ROWS)
 
 
 def quote(name: str) -> str:
@@ -56,11 +66,20 @@ def column_types(dbapi_connection: Any, table: BulkTable) -> list[tuple[int, str
     return [found[column] for column in table.columns]
 
 
-def copy_rows(dbapi_connection: Any, table: BulkTable, rows: Sequence[Sequence[Any]]) -> None:
+def copy_rows(
+    dbapi_connection: Any,
+    table: BulkTable,
+    rows: Sequence[Sequence[Any]],
+    *,
+    beside_server: Callable[[], None] | None = None,
+) -> None:
     """Send ``rows`` by one ``COPY`` in the connection's current transaction.
 
     A refused value (NUL in text, a number too large for its column) aborts the whole COPY;
     the error then names the row, column and value where they can be found.
+    ``beside_server`` runs once every row is written, before the COPY ends: the socket then
+    holds rows the server has yet to store (measured with bench_bulk's rounds: 6 ms of them
+    after 10,000 orders, 20-40 ms after 30,000 items), time the client would spend waiting.
     """
     types = column_types(dbapi_connection, table)
     kinds = [kind_of(type_name) for _, type_name in types]
@@ -70,12 +89,12 @@ def copy_rows(dbapi_connection: Any, table: BulkTable, rows: Sequence[Sequence[A
     columns = ", ".join(quote(column) for column in table.columns)
     statement = f"COPY {_relation(table)} ({columns}) FROM STDIN"
     read = getattr(rows, "column", None)  # ColumnRows: the columns as they are
+    beside_failed = False
     try:
         with dbapi_connection.cursor() as cursor, cursor.copy(statement) as copy:
             copy.set_types([oid for oid, _ in types])
             write_row = copy.write_row
-            for start in range(0, len(rows), _CHUNK_ROWS):
-                end = start + _CHUNK_ROWS
+            for start, end in _blocks(len(rows)):
                 block_columns: list[list[Any]]
                 if chunked is not None:  # made now, while the server stores the last block
                     block_columns = chunked.chunk(start, end)
@@ -92,7 +111,13 @@ def copy_rows(dbapi_connection: Any, table: BulkTable, rows: Sequence[Sequence[A
                     continue
                 for row in zip(*block_columns, strict=True):  # a column psycopg must adapt
                     write_row(row)  # (JSON, bytes, ...)
+            if beside_server is not None:
+                beside_failed = True
+                beside_server()
+                beside_failed = False
     except Exception as error:
+        if beside_failed:  # not a value of these rows: nothing to diagnose
+            raise
         sent = rows if chunked is None else chunked.made()  # never make more rows to report
         found = diagnose(table, kinds, sent, "postgresql")
         if found is not None:

@@ -2,10 +2,16 @@
 INFILE`` or multi-row INSERTs (MariaDB/MySQL), executemany (SQLite).
 
 The fast path that only application-made keys allow: every object without a key gets one
-from a single ``next_ids`` call before anything is sent, so related objects (items of new
-orders) are loaded in the same call with no read-back. Objects are left as ``bulk_create``
-leaves them: ``pk`` set, ``_state.adding`` False, ``_state.db`` the alias. Each field's
-``pre_save`` runs (``auto_now_add``), then its ``get_db_prep_save``, as in an INSERT.
+before its rows are made, so related objects (items of new orders) are loaded in the same
+call with no read-back. Objects are left as ``bulk_create`` leaves them: ``pk`` set,
+``_state.adding`` False, ``_state.db`` the alias. Each field's ``pre_save`` runs
+(``auto_now_add``), then its ``get_db_prep_save``, as in an INSERT.
+
+What the client still has to do once a group's rows are sent runs while the server stores
+them (``load_rows(beside_server=...)``): the later groups' keys during the first group's
+COPY, each group's states during its own. Measured with bench_bulk (10,000 orders and 30,000
+items a round), that was 8.5 ms of keys before the first byte and 12-17 ms of states after
+the commit, out of 222 ms, during which the server had nothing to do.
 
 Django APIs used: ``Model._meta`` (``concrete_fields``, ``pk``, ``db_table``), each field's
 ``attname``, ``column``, ``pre_save``, ``get_db_prep_save`` and ``get_cached_value`` (what
@@ -26,6 +32,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import deque
 from collections.abc import Iterable
+from functools import partial
 from itertools import repeat
 from operator import attrgetter, is_, itemgetter, methodcaller, setitem
 from typing import Any
@@ -68,7 +75,7 @@ def _fields(meta: Any) -> list[Any]:
 
 
 def _give_keys(batches: list[tuple[Any, list[Any]]], made: list[tuple[str, list[Any]]]) -> None:
-    """Keys for every object without one, in all groups, from one ``next_ids`` call; the
+    """Keys for every object without one in these groups, from one ``next_ids`` call; the
     objects given a key are noted in ``made`` as ``(key attname, objects)``."""
     waiting: list[tuple[str, list[Any]]] = []
     for model, objs in batches:
@@ -94,6 +101,8 @@ def _give_keys(batches: list[tuple[Any, list[Any]]], made: list[tuple[str, list[
 
 _DICT = attrgetter("__dict__")
 _STATE = attrgetter("_state")
+_ADDING = attrgetter("adding")
+_DB = attrgetter("db")
 
 
 def _own_values(objs: list[Any], attname: str) -> bool:
@@ -217,7 +226,7 @@ def _rows(
     table = BulkTable(meta.db_table, tuple(field.column for field in fields))
     relations = [field for field in fields if field.many_to_one or field.one_to_one]
     link_per_block = relations
-    if meta.private_fields:  # GenericForeignKey: Django's own preparation, all up front
+    if _generic_relations(meta):  # Django's own preparation, all up front
         link_per_block = []
         for field in relations:
             given = _stored(objs, field.attname)
@@ -290,26 +299,64 @@ def bulk_load(
     if connection.vendor == "mysql":
         require_wide_columns(connection)  # what each key's get_db_prep_save checks there
     made: list[tuple[str, list[Any]]] = []
+    marked: list[tuple[list[Any], list[Any], list[Any]]] = []
+    first, rest = (batches, []) if _refers_forward(batches) else (batches[:1], batches[1:])
+
+    def beside_server(index: int) -> None:
+        if index == 0:
+            _give_keys(rest, made)
+        marked.append(_mark_loaded(batches[index][1], alias))
+
     try:
         with transaction.atomic(using=alias):
-            _give_keys(batches, made)
-            for model, objs in batches:
+            _give_keys(first, made)
+            for index, (model, objs) in enumerate(batches):
                 table, rows = _rows(model, objs, connection, made)
                 connection.ensure_connection()
                 with connection.wrap_database_errors:
                     load_rows(
                         connection.connection, _vendor(connection), table, rows,
                         mariadb_method=mariadb_method,
+                        beside_server=partial(beside_server, index),
                     )
     except BaseException:
+        for states, adding, dbs in marked:  # as they were before this call
+            deque(map(setattr, states, repeat("adding"), adding), maxlen=0)
+            deque(map(setattr, states, repeat("db"), dbs), maxlen=0)
         for attname, objs in made:  # the keys made and the foreign keys copied from them
             _store(objs, attname, [None] * len(objs))
         raise
-    for _, objs in batches:  # as bulk_create leaves them (ModelState's documented attributes)
-        states = list(map(_STATE, objs))
-        deque(map(setattr, states, repeat("adding"), repeat(False)), maxlen=0)
-        deque(map(setattr, states, repeat("db"), repeat(alias)), maxlen=0)
     return lists
+
+
+def _refers_forward(batches: list[tuple[Any, list[Any]]]) -> bool:
+    """Whether the first group's objects may relate to a later group's (their keys are then
+    made before the first group's rows, with the first group's)."""
+    meta = batches[0][0]._meta
+    later = {model for model, _ in batches[1:]}
+    return _generic_relations(meta) or any(
+        (field.many_to_one or field.one_to_one)
+        and field.related_model._meta.concrete_model in later
+        for field in meta.concrete_fields
+    )
+
+
+def _generic_relations(meta: Any) -> bool:
+    """Whether the model has a ``GenericForeignKey`` (a private field that is a relation; a
+    ``PublicId`` is private too, but no relation)."""
+    return any(field.is_relation for field in meta.private_fields)
+
+
+def _mark_loaded(objs: list[Any], alias: str) -> tuple[list[Any], list[Any], list[Any]]:
+    """Leave the objects as bulk_create does (ModelState's documented ``adding`` and ``db``,
+    set before the commit, as there); returns their states with what they held, for a failure
+    that comes after (a later group, the COPY's end, the commit's deferred foreign-key
+    checks)."""
+    states = list(map(_STATE, objs))
+    held = (states, list(map(_ADDING, states)), list(map(_DB, states)))
+    deque(map(setattr, states, repeat("adding"), repeat(False)), maxlen=0)
+    deque(map(setattr, states, repeat("db"), repeat(alias)), maxlen=0)
+    return held
 
 
 def _vendor(connection: Any) -> str:

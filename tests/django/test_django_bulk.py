@@ -24,7 +24,7 @@ from snowflake_db.errors import (
     UnrepresentableValueError,
 )
 from tests.django.conftest import backends
-from tests.django_project.shop.models import Customer, Item, Order, Restaurant
+from tests.django_project.shop.models import Customer, Invoice, Item, Order, Restaurant
 
 LAYOUT = snowflake_db.Layout()
 
@@ -49,7 +49,9 @@ def test_orders_and_items_in_one_call(
 
     monkeypatch.setattr(static_worker, "next_ids", counting)
     assert bulk_load(orders, items) == [orders, items]
-    assert calls == [400]  # every key of both tables from one next_ids call
+    # The orders' keys before anything is sent; the items' (every later group's) from one
+    # more call while the server stores the orders.
+    assert calls == [100, 300]
     for obj in orders + items:
         assert isinstance(obj.pk, int) and LAYOUT.decode(obj.pk).worker_id == 1
         assert obj._state.adding is False and obj._state.db == backend
@@ -76,6 +78,60 @@ def test_a_duplicate_key_fails_everything_and_takes_the_keys_back(backend: str) 
     assert all(obj._state.adding for obj in orders + items)
     assert bulk_load(orders, items[:30] + items[31:])  # the same objects load on a retry
     assert Item.objects.count() == 60
+
+
+@backends("postgresql", "mariadb", "sqlite", transaction=True)
+def test_a_failure_at_the_commit_gives_back_keys_and_states(tx_backend: str) -> None:
+    """Each group's states are set while the server stores its last rows, before the commit
+    (as bulk_create sets them); a failure after that (here the deferred foreign-key check at
+    the commit, or MariaDB's immediate one) leaves every object as it was before the call."""
+    customer = Customer.objects.create(name="ada")
+    try:
+        orders, items = _orders_with_items(customer, 2_500)
+        stray = items[7_000]
+        stray.order_id = LAYOUT.encode(timestamp_ms=LAYOUT.epoch_ms + 1, worker_id=1, sequence=0)
+        copied = items[10]  # an object read elsewhere, copied here with its key
+        copied.pk = LAYOUT.encode(timestamp_ms=LAYOUT.epoch_ms + 2, worker_id=1, sequence=0)
+        copied._state.adding, copied._state.db = False, "elsewhere"
+        before = [(obj._state.adding, obj._state.db) for obj in orders + items]
+        assert before[0] == (True, tx_backend)  # set by Order(customer=...), as Django does
+        with pytest.raises((IntegrityError, BulkLoadRejectedError)):
+            bulk_load(orders, items)
+        assert (Order.objects.count(), Item.objects.count()) == (0, 0)
+        assert [(obj._state.adding, obj._state.db) for obj in orders + items] == before
+        assert all(obj.pk is None for obj in orders + items if obj is not copied)
+        stray.order = orders[2_333]
+        bulk_load(orders, items)  # the same objects load on a retry
+        assert (Order.objects.count(), Item.objects.count()) == (2_500, 7_500)
+        assert all(not obj._state.adding and obj._state.db == tx_backend
+                   for obj in orders + items)
+    finally:
+        Item.objects.all().delete()
+        Order.objects.all().delete()
+        customer.delete()
+
+
+@backends("postgresql", "sqlite")
+def test_children_before_their_parents_get_the_parents_keys_first(backend: str) -> None:
+    """A first group that refers to a later one (items before their orders, which deferred
+    foreign keys allow) gets every group's keys before its rows are made."""
+    customer = Customer.objects.create(name="ada")
+    orders, items = _orders_with_items(customer, 1_000)
+    bulk_load(items, orders)
+    assert [item.order_id for item in items] == [order.pk for order in orders for _ in range(3)]
+    assert Item.objects.filter(order__customer=customer).count() == 3_000
+
+
+def test_an_error_beside_the_server_aborts_the_load_unchanged(backend: str) -> None:
+    """A later group's keys are made while the server stores the first group: a refusal
+    there (a key that is not a SnowflakeAutoField) comes out as itself, and nothing loads."""
+    customer = Customer.objects.create(name="ada")
+    orders = [Order(customer=customer) for _ in range(3_000)]
+    invoices = [Invoice(order=order, number=i + 1) for i, order in enumerate(orders)]
+    with pytest.raises(BulkLoadError, match=r"Invoice\.id is not a SnowflakeAutoField"):
+        bulk_load(orders, invoices)
+    assert (Order.objects.count(), Invoice.objects.count()) == (0, 0)
+    assert all(order.pk is None and order._state.adding for order in orders)
 
 
 def test_refuses_multi_table_inheritance_and_conflict_options(backend: str) -> None:
