@@ -13,8 +13,14 @@ round builds ``--round`` model instances per kind and saves them with
 ``bulk_create(batch_size=--batch)``; the kind that goes first alternates every round, so
 background load hits both alike.
 
-Target (DESIGN.md): Snowflake ``bulk_create`` rows/s >= 0.95 x ``BigAutoField``. This is a report,
-never a unit test: on a busy machine absolute numbers move between runs.
+A third table, ``EagerSnowflakeAutoField``, gives every object its key when it is made (before
+the clock): the floor for any key the application makes (one more column through Django and
+psycopg than ``BigAutoField``, whose keys come back by ``RETURNING`` in C).
+
+Target (DESIGN.md, issue 20): ``SnowflakeAutoField`` ``bulk_create`` rows/s >= 0.95 x
+``EagerSnowflakeAutoField`` in the same run, i.e. making the keys at insert costs at most 5%.
+The ratio to ``BigAutoField`` is printed as information. This is a report, never a unit test:
+on a busy machine absolute numbers move between runs.
 """
 
 from __future__ import annotations
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         admin.dispose()
 
     rate = {label: args.rows / seconds for label, seconds in totals.items()}
-    ratio = rate["SnowflakeAutoField"] / rate["BigAutoField"]
+    ratio = rate["SnowflakeAutoField"] / rate["EagerSnowflakeAutoField"]
     print(f"Django {django.get_version()} bulk_create on PostgreSQL {server_version}, "
           f"CPython {platform.python_version()}: {args.rows:,} orders per kind, rounds of "
           f"{args.round:,}, batch_size={args.batch}")
@@ -179,14 +185,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{rate[label] / rate['BigAutoField']:>6.3f} | {totals[label]:>8.2f} | "
               f"{index_bytes / 2**20:>12.1f} | {rows:>8,} |")
     verdict = "PASS" if ratio >= TARGET_RATIO else "FAIL"
-    floor = rate["SnowflakeAutoField"] / rate["EagerSnowflakeAutoField"]
     print()
-    print(f"SnowflakeAutoField / BigAutoField = {ratio:.3f} "
-          f"(target >= {TARGET_RATIO:.2f}): {verdict}")
-    # Information, not a target: the same rows when the objects already carry their keys (the
-    # floor for any key the application makes: one more column through Django and psycopg).
     print(f"SnowflakeAutoField / EagerSnowflakeAutoField (keys given before bulk_create) = "
-          f"{floor:.3f}")
+          f"{ratio:.3f} (target >= {TARGET_RATIO:.2f}): {verdict}")
+    # Information: what the extra key column costs against keys made by the database.
+    for label in ("SnowflakeAutoField", "EagerSnowflakeAutoField"):
+        print(f"{label} / BigAutoField = {rate[label] / rate['BigAutoField']:.3f} (information)")
     return 1 if args.check and ratio < TARGET_RATIO else 0
 
 

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Iterable
 from functools import partial
 from itertools import repeat
-from operator import attrgetter, is_, itemgetter, methodcaller, setitem
+from operator import attrgetter, is_, itemgetter
 from typing import Any
 
 from django.conf import settings
@@ -47,6 +47,7 @@ from ..errors import BulkLoadError
 from . import fields as fields_module
 from .columns import require_wide_columns
 from .fields import SnowflakeAutoField, _next_keys
+from .instances import DICT, store, stored
 
 __all__ = ["bulk_load"]
 
@@ -81,7 +82,7 @@ def _give_keys(batches: list[tuple[Any, list[Any]]], made: list[tuple[str, list[
     for model, objs in batches:
         pk = model._meta.pk
         attname = pk.attname
-        given = _stored(objs, attname)
+        given = stored(objs, attname)
         mine = objs if given.count(None) == len(given) else [
             obj for obj, key in zip(objs, given, strict=True) if key is None
         ]
@@ -94,48 +95,14 @@ def _give_keys(batches: list[tuple[Any, list[Any]]], made: list[tuple[str, list[
     keys = _next_keys(sum(len(mine) for _, mine in waiting))
     start = 0
     for attname, mine in waiting:
-        _store(mine, attname, keys[start : start + len(mine)])
+        store(mine, attname, keys[start : start + len(mine)])
         start += len(mine)
         made.append((attname, mine))
 
 
-_DICT = attrgetter("__dict__")
 _STATE = attrgetter("_state")
 _ADDING = attrgetter("adding")
 _DB = attrgetter("db")
-
-
-def _own_values(objs: list[Any], attname: str) -> bool:
-    """Whether ``attname`` of these objects is served by Django's plain ``DeferredAttribute``
-    (a non-data descriptor): ``attrgetter`` and ``setattr`` then read and write the
-    instance's own value at C speed without touching ``__dict__``, which CPython 3.11+ builds
-    on first access, one allocation per object (measured here: half of the garbage
-    collector's runs during a load of 10,000 orders with 30,000 items)."""
-    return all(
-        type(getattr(cls, attname, None)) is DeferredAttribute for cls in set(map(type, objs))
-    )
-
-
-def _stored(objs: list[Any], attname: str) -> list[Any]:
-    """Every object's ``attname`` (a key or a foreign key, never a deferred field), at C
-    speed; for other descriptors (a foreign key's) from ``__dict__``, ``itemgetter`` first,
-    about four times as fast as ``methodcaller("get")`` here."""
-    if _own_values(objs, attname):
-        return list(map(attrgetter(attname), objs))
-    dicts = list(map(_DICT, objs))
-    try:
-        return list(map(itemgetter(attname), dicts))
-    except KeyError:  # some object lacks it: None for those
-        return list(map(methodcaller("get", attname), dicts))
-
-
-def _store(objs: list[Any], attname: str, values: list[Any]) -> None:
-    """``obj.<attname> = value`` for every object at C speed; past a foreign key's
-    descriptor, into ``__dict__``, so that the related object stays cached."""
-    if objs and _own_values(objs, attname):
-        deque(map(setattr, objs, repeat(attname), values), maxlen=0)
-    else:
-        deque(map(setitem, map(_DICT, objs), repeat(attname), values), maxlen=0)
 
 
 #: Field classes whose ``get_db_prep_save`` returns a value of this exact type unchanged
@@ -185,7 +152,7 @@ def _read(model: Any, attname: str, objs: list[Any]) -> list[Any]:
     descriptor = getattr(model, attname, None)
     if type(descriptor) is not DeferredAttribute and isinstance(descriptor, DeferredAttribute):
         try:
-            return list(map(itemgetter(attname), map(_DICT, objs)))
+            return list(map(itemgetter(attname), map(DICT, objs)))
         except KeyError:
             pass
     return list(map(attrgetter(attname), objs))
@@ -196,7 +163,7 @@ def _link(objs: list[Any], field: Any, linked: list[tuple[str, list[Any]]]) -> N
     foreign key column, as ``save()`` does; an unsaved related object is an error, as there.
     (Whole columns at a time through ``map``: per-object Python code is most of the cost.)"""
     attname, target = field.attname, field.target_field.attname
-    given = _stored(objs, attname)
+    given = stored(objs, attname)
     empty = objs if given.count(None) == len(given) else [
         obj for obj, key in zip(objs, given, strict=True) if key is None
     ]
@@ -210,7 +177,7 @@ def _link(objs: list[Any], field: Any, linked: list[tuple[str, list[Any]]]) -> N
             f"bulk_load() prohibited to prevent data loss due to unsaved related object "
             f"'{field.name}' (load its objects in this call or before)"
         )
-    _store(empty, attname, keys)
+    store(empty, attname, keys)
     linked.append((attname, empty))
 
 
@@ -229,7 +196,7 @@ def _rows(
     if _generic_relations(meta):  # Django's own preparation, all up front
         link_per_block = []
         for field in relations:
-            given = _stored(objs, field.attname)
+            given = stored(objs, field.attname)
             empty = [obj for obj, key in zip(objs, given, strict=True) if key is None]
             linked.append((field.attname, empty))
         for obj in objs:
@@ -324,7 +291,7 @@ def bulk_load(
             deque(map(setattr, states, repeat("adding"), adding), maxlen=0)
             deque(map(setattr, states, repeat("db"), dbs), maxlen=0)
         for attname, objs in made:  # the keys made and the foreign keys copied from them
-            _store(objs, attname, [None] * len(objs))
+            store(objs, attname, [None] * len(objs))
         raise
     return lists
 

@@ -30,6 +30,7 @@ from ._django_callers import (
     conflict_insert_compiler,
 )
 from .columns import require_wide_columns
+from .instances import store, stored
 
 __all__ = [
     "EagerSnowflakeAutoField",
@@ -232,14 +233,15 @@ class SnowflakeAutoField(models.BigAutoField):
         conflicts = bulk_create_handles_conflicts(caller.f_back)
         if conflicts:
             _note_conflict_keys_handed_out()  # before any object carries a mark
-        waiting = [
-            obj
-            for obj in caller.f_locals.get("objs", ())
-            if obj is not instance and getattr(obj, self.attname) is None
+        objs = [obj for obj in caller.f_locals.get("objs", ()) if obj is not instance]
+        given = stored(objs, self.attname)
+        waiting = objs if given.count(None) == len(given) else [
+            obj for obj, other in zip(objs, given, strict=True) if other is None
         ]
-        for obj, other_key in zip(waiting, _next_keys(len(waiting)), strict=True):
-            obj.__dict__[self.attname] = other_key
-            if conflicts:
+        other_keys = _next_keys(len(waiting))
+        store(waiting, self.attname, other_keys)  # at C speed: Django asks no more
+        if conflicts:
+            for obj, other_key in zip(waiting, other_keys, strict=True):
                 obj._state.__dict__[_CONFLICT_KEY] = other_key
         if conflicts:
             # bulk_create(ignore_conflicts=True) or update_conflicts=True: Django cannot tell
