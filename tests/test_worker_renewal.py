@@ -398,7 +398,13 @@ def test_processes_without_heartbeats_issue_without_fencing(
     reports = [json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(count)]
     assert not [report["error"] for report in reports if "error" in report]
     assert all(report["errors"] == [] for report in reports), reports
-    assert all(report["caller_renewals"] >= 4 for report in reports), reports
+    # Every renewal was a caller's (no heartbeat), and there were enough to outlive the first
+    # lease twice over. A caller renews once the heartbeat is late by the grace, about every
+    # 1.9 s of a 4 s lease at best: 4 in 8 s when nothing delays it, 3 beside a second suite.
+    assert all(
+        report["caller_renewals"] == report["renewals"] >= seconds / STEADY_LEASE_SECONDS
+        for report in reports
+    ), reports
     assert len({report["worker"] for report in reports}) == count
     total = array("q")
     for i in range(count):
