@@ -1,5 +1,5 @@
 """A parent process for tests/test_fork_busy_heartbeat.py: raw ``fork()`` (no Python fork hook)
-over and over while its heartbeat renews a short lease and another thread keeps the GIL busy.
+over and over while its heartbeat renews every 0.4 s and another thread keeps the GIL busy.
 
 Run as ``python -m tests.hookless_fork_parent URL CHILDREN OUT_DIR``. Each child
 issues IDs at once, again after its first renewal was due, then releases and ends with
@@ -38,7 +38,12 @@ from snowflake_db.worker import TableLease, TableWorkerAllocator, forking
 
 #: libc's fork() holding the GIL, as a C server (uWSGI) forks: no Python fork hook runs.
 LIBC_FORK = ctypes.PyDLL(None, use_errno=True).fork
-LEASE_SECONDS = 1.2  # renewed every 0.4 s: the parent's heartbeat is busy
+#: The heartbeat renews every 0.4 s, so forks land beside a busy heartbeat. The lease is long
+#: because the allocator bounds each connect and statement by a third of it: with a 1.2 s lease
+#: (a 1 s bound) two children, beside a second suite in its timing stage, got
+#: AllocatorUnavailableError (connect or read timed out) where the server answered late.
+LEASE_SECONDS = 9.0
+RENEW_EVERY_S = 0.4
 CHILD_DEADLINE_S = 20.0
 RUN_S = 1.3  # each child also issues after 3 of its renewals were due
 RENEWAL_WAIT_S = 8.0  # at most this much longer if none of them was done yet
@@ -71,7 +76,7 @@ def _child(out: Path) -> None:
             try:
                 ids.extend(snowflake_db.snowflake_default() for _ in range(50))
             except snowflake_db.WorkerLeaseError:
-                # A renewal late on a loaded machine fences the 1.2 s lease for a while: safe,
+                # A renewal late on a loaded machine fences the lease for a while: safe,
                 # and not what is judged here (hangs are); the renewals are still counted.
                 fenced += 1
             time.sleep(0.02)
@@ -118,7 +123,9 @@ def _reap(running: dict[int, tuple[int, float]], outcomes: dict[int, int | str],
 
 
 def main(url: str, children: int, out_dir: Path) -> None:
-    allocator = TableWorkerAllocator(url, lease_seconds=LEASE_SECONDS)
+    allocator = TableWorkerAllocator(
+        url, lease_seconds=LEASE_SECONDS, renew_every=RENEW_EVERY_S
+    )
     snowflake_db.configure(allocator=allocator)
     parent_ids = array("q", [snowflake_db.snowflake_default()])
     stop = threading.Event()
@@ -137,7 +144,7 @@ def main(url: str, children: int, out_dir: Path) -> None:
     try:
         for index in range(children):
             _reap(running, outcomes, RUNNING - 1)
-            # The parent's own 1.2 s lease, its heartbeat starved by the busy thread beside a
+            # The parent's own lease, its heartbeat starved by the busy thread beside a
             # second suite, may fence for a while: safe, and not what is judged here.
             with contextlib.suppress(snowflake_db.WorkerLeaseError):
                 parent_ids.extend(snowflake_db.snowflake_default() for _ in range(20))
