@@ -26,6 +26,7 @@ from snowflake_db.django.models import WorkerRegistration, WorkerSlot
 from snowflake_db.django.worker import DjangoTableWorkerAllocator, configure_from_settings
 from tests.django.conftest import backends
 from tests.django_project.shop.models import Customer, Order
+from tests.outage_support import STEADY_LEASE_SECONDS
 
 LAYOUT = snowflake_db.Layout()
 ROOT = Path(__file__).resolve().parents[2]
@@ -287,7 +288,10 @@ def test_check_non_bigint_column_on_servers(tx_backend: str) -> None:
 def test_table_allocator_leases_and_heartbeats(
     tx_backend: str, table_allocator: DjangoTableWorkerAllocator
 ) -> None:
-    with override_settings(SNOWFLAKE_DB={"WORKER_SOURCE": "table", "LEASE_SECONDS": 1.5}):
+    # The steady lease: with 1.5 s, beside a second suite in its timing stage, the heartbeat
+    # and the caller's renewal both came late and the second create() was fenced.
+    lease = STEADY_LEASE_SECONDS
+    with override_settings(SNOWFLAKE_DB={"WORKER_SOURCE": "table", "LEASE_SECONDS": lease}):
         generator = snowflake_db.configure(allocator=table_allocator)
         first = Customer.objects.create(name="ada").pk
         worker_id = generator.worker_id
@@ -296,7 +300,7 @@ def test_table_allocator_leases_and_heartbeats(
         assert slot.pid == os.getpid() and slot.lease_token and slot.expires_at_ms
         assert WorkerRegistration.objects.filter(pid=os.getpid()).exists()
         renewed = slot.renewed_at_ms or slot.acquired_at_ms or 0
-        time.sleep(1.6)  # longer than the lease: only the heartbeat keeps it alive
+        time.sleep(lease + 0.1)  # longer than the lease: only the heartbeat keeps it alive
         second = Customer.objects.create(name="bob").pk
         assert second > first and LAYOUT.decode(second).worker_id == worker_id
         slot.refresh_from_db()
