@@ -47,7 +47,7 @@ from ..errors import BulkLoadError
 from . import fields as fields_module
 from .columns import require_wide_columns
 from .fields import SnowflakeAutoField, _next_keys
-from .instances import DICT, store, stored
+from .instances import DICT, store, unset
 
 __all__ = ["bulk_load"]
 
@@ -82,10 +82,7 @@ def _give_keys(batches: list[tuple[Any, list[Any]]], made: list[tuple[str, list[
     for model, objs in batches:
         pk = model._meta.pk
         attname = pk.attname
-        given = stored(objs, attname)
-        mine = objs if given.count(None) == len(given) else [
-            obj for obj, key in zip(objs, given, strict=True) if key is None
-        ]
+        mine = unset(objs, attname)
         if mine and not isinstance(pk, SnowflakeAutoField):
             raise BulkLoadError(
                 f"{model._meta.label}.{pk.name} is not a SnowflakeAutoField, so objects "
@@ -163,10 +160,7 @@ def _link(objs: list[Any], field: Any, linked: list[tuple[str, list[Any]]]) -> N
     foreign key column, as ``save()`` does; an unsaved related object is an error, as there.
     (Whole columns at a time through ``map``: per-object Python code is most of the cost.)"""
     attname, target = field.attname, field.target_field.attname
-    given = stored(objs, attname)
-    empty = objs if given.count(None) == len(given) else [
-        obj for obj, key in zip(objs, given, strict=True) if key is None
-    ]
+    empty = unset(objs, attname)
     related = list(map(field.get_cached_value, empty, repeat(None)))  # what obj.<name> = set
     if any(map(is_, related, repeat(None))):  # no key, no related object: left to the column
         empty = [obj for obj, other in zip(empty, related, strict=True) if other is not None]
@@ -196,9 +190,7 @@ def _rows(
     if _generic_relations(meta):  # Django's own preparation, all up front
         link_per_block = []
         for field in relations:
-            given = stored(objs, field.attname)
-            empty = [obj for obj, key in zip(objs, given, strict=True) if key is None]
-            linked.append((field.attname, empty))
+            linked.append((field.attname, unset(objs, field.attname)))
         for obj in objs:
             obj._prepare_related_fields_for_save(operation_name="bulk_load")
 

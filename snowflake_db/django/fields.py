@@ -30,7 +30,7 @@ from ._django_callers import (
     conflict_insert_compiler,
 )
 from .columns import require_wide_columns
-from .instances import store, stored
+from .instances import store, unset
 
 __all__ = [
     "EagerSnowflakeAutoField",
@@ -234,10 +234,7 @@ class SnowflakeAutoField(models.BigAutoField):
         if conflicts:
             _note_conflict_keys_handed_out()  # before any object carries a mark
         objs = [obj for obj in caller.f_locals.get("objs", ()) if obj is not instance]
-        given = stored(objs, self.attname)
-        waiting = objs if given.count(None) == len(given) else [
-            obj for obj, other in zip(objs, given, strict=True) if other is None
-        ]
+        waiting = unset(objs, self.attname)
         other_keys = _next_keys(len(waiting))
         store(waiting, self.attname, other_keys)  # at C speed: Django asks no more
         if conflicts:

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db.models.query_utils import DeferredAttribute
 
-__all__ = ["DICT", "own_values", "store", "stored"]
+__all__ = ["DICT", "own_values", "store", "stored", "unset"]
 
 DICT = attrgetter("__dict__")
 
@@ -48,3 +48,12 @@ def store(objs: list[Any], attname: str, values: list[Any]) -> None:
         deque(map(setattr, objs, repeat(attname), values), maxlen=0)
     else:
         deque(map(setitem, map(DICT, objs), repeat(attname), values), maxlen=0)
+
+
+def unset(objs: list[Any], attname: str) -> list[Any]:
+    """The objects whose ``attname`` is None (``objs`` itself when none has a value): the
+    objects still without a key, or without a foreign key to copy in."""
+    given = stored(objs, attname)
+    if given.count(None) == len(given):
+        return objs
+    return [obj for obj, value in zip(objs, given, strict=True) if value is None]
