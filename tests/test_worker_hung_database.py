@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, event
 
 from snowflake_db import AllocatorUnavailableError, SnowflakeGenerator
 from snowflake_db.worker import TableLease, TableWorkerAllocator
@@ -30,6 +30,7 @@ LEASE_SECONDS = 3.0  # statement bound: 1 s (SQLite: 5 s)
 #: What a loaded 2-core machine may add to the bound (connect, the statements before the lock).
 SLACK_S = 2.5
 SLOTS = "snowflake_worker_slots"
+REGISTRATIONS = "snowflake_worker_registrations"
 
 
 @contextmanager
@@ -161,3 +162,64 @@ def test_each_session_carries_the_statement_and_lock_limits(
                 "@@session.max_statement_time"
             ).one()
             assert (int(row[0]), int(row[1]), float(row[2])) == (1, 1, 1.0)
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_a_first_process_stalled_mid_acquisition_holds_no_other_past_the_bound(
+    backend: str, database_factory: Any
+) -> None:
+    """Processes starting together on new tables: the first records the layout, then stalls
+    (descheduled on a loaded machine) with its claim's transaction open. The others must not
+    wait on it: before the fix its uncommitted layout row held them until their statement
+    bound (1 s here) cancelled the wait, and they failed with ``AllocatorUnavailableError``.
+    (SQLite has one writer at a time: a stalled transaction there holds every other writer,
+    within the busy timeout.)"""
+    database = database_factory(backend)
+    with TableWorkerAllocator(database.url_string, lease_seconds=LEASE_SECONDS) as setup:
+        setup.create_tables()
+    stall = bound_seconds(backend, LEASE_SECONDS) + 2.0
+    first = TableWorkerAllocator(database.url_string, lease_seconds=LEASE_SECONDS)
+    second = TableWorkerAllocator(database.url_string, lease_seconds=LEASE_SECONDS)
+    stalled, resume = threading.Event(), threading.Event()
+
+    @event.listens_for(first._engine, "before_cursor_execute")
+    def _stall(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.startswith(f"INSERT INTO {REGISTRATIONS}") and not stalled.is_set():
+            stalled.set()  # the layout is checked (and recorded): the client stops here
+            resume.wait(stall)
+
+    first_generator = SnowflakeGenerator(allocator=first)
+    second_generator = SnowflakeGenerator(allocator=second)
+    failures: list[BaseException] = []
+
+    def start_first() -> None:
+        try:
+            first_generator.ensure_worker()
+        except BaseException as error:
+            failures.append(error)
+
+    starter = threading.Thread(target=start_first)
+    starter.start()
+    try:
+        assert stalled.wait(10)
+        started = time.monotonic()
+        second_generator.ensure_worker()  # before the fix: AllocatorUnavailableError
+        assert time.monotonic() - started < stall
+        resume.set()
+        starter.join(20)
+        assert not starter.is_alive() and failures == []
+        leases = [first_generator.lease, second_generator.lease]
+        assert all(isinstance(lease, TableLease) for lease in leases)
+        slots = read_slots(database.url)
+        worker_ids = {lease.worker_id for lease in leases}  # type: ignore[union-attr]
+        assert len(worker_ids) == 2
+        assert {slots[w].lease_token for w in worker_ids} == {
+            lease.token for lease in leases  # type: ignore[union-attr]
+        }
+        assert first.recorded_layout() is not None
+    finally:
+        resume.set()
+        starter.join(20)
+        for generator, alloc in ((first_generator, first), (second_generator, second)):
+            generator.close()
+            alloc.close()

@@ -15,10 +15,13 @@ a process or reservation with another layout than the one the tables serve takes
 
 Acquisition, in short transactions on the allocator's own connection:
 
-1. check (or, on first use, record) the layout; insert a registration row and read its
-   generated key back (RETURNING or lastrowid);
-2. the preferred worker ID is ``key & layout.max_worker_id``; claim it;
-3. if it is held (wrap-around, gaps, repeated keys after a MariaDB restart), read the slot table
+1. check (or, on first use, record) the layout, in a transaction of its own: the first
+   process's record is committed before its claim begins, so processes starting beside it wait
+   for that one INSERT at most, never for a claim the machine has descheduled;
+2. insert a registration row and read its generated key back (RETURNING or lastrowid);
+3. the preferred worker ID is ``key & layout.max_worker_id``; claim it, in the registration's
+   transaction (the common case: one transaction after the layout check);
+4. if it is held (wrap-around, gaps, repeated keys after a MariaDB restart), read the slot table
    and try the claimable slots in turn; after :data:`SCAN_ROUNDS` rounds raise
    :class:`~snowflake_db.WorkerIdExhaustedError`.
 
@@ -143,13 +146,15 @@ def acquire(
             clock=clock,
         )
 
-    def register_and_claim() -> tuple[int, Taken | None]:
-        # The common case is this one transaction: check the layout, register, claim the
-        # preferred slot, commit.
+    def check_layout() -> None:
         with connection.begin():
             ensure_layout(
                 connection, store, layout, hostname=holder.hostname, pid=holder.pid, where=where
             )
+
+    def register_and_claim() -> tuple[int, Taken | None]:
+        # The common case is this one transaction: register, claim the preferred slot, commit.
+        with connection.begin():
             registration_id = register(connection, store, holder)
             return registration_id, claim(registration_id & layout.max_worker_id, registration_id)
 
@@ -157,6 +162,10 @@ def acquire(
         with connection.begin():
             return claim(worker_id, registration_id)
 
+    # The layout in a transaction of its own: on first use the record is committed at once, so
+    # processes starting beside this one wait for one INSERT, never for this one's whole claim
+    # (which a loaded machine may stall past their statement bound).
+    retry_conflicts(check_layout)
     registration_id, taken = retry_conflicts(register_and_claim)
     preferred = registration_id & layout.max_worker_id
     tally = Tally()
