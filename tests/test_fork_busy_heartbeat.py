@@ -101,6 +101,7 @@ RENEWING_LEASE_S = STEADY_LEASE_SECONDS
 
 
 @pytest.mark.timing  # see tests/conftest.py
+@pytest.mark.slow
 def test_a_child_that_cannot_be_repaired_starts_no_thread_and_its_callers_renew(
     any_db: ScratchDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
