@@ -21,7 +21,8 @@ import pytest
 
 from .packaging_support import run
 
-pytestmark = pytest.mark.slow
+# One group: the sdist and wheel are built once, not once per pytest-xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("packaging")]
 
 
 @pytest.fixture(scope="module")

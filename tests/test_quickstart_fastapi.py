@@ -30,7 +30,8 @@ from packaging.utils import canonicalize_name
 
 from .packaging_support import REPO, run
 
-pytestmark = pytest.mark.slow
+# One group: the fresh venv is built once, not once per pytest-xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("quickstart_fastapi")]
 
 SECTION = "### FastAPI + SQLModel quick start"
 EXTRA = "fastapi"
