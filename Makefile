@@ -19,7 +19,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # of the suite waits on databases, subprocesses and leases rather than computing, so this
 # exceeds 2 cores.
 PYTEST_WORKERS ?= 6
-TIMING_WORKERS ?= 3
+TIMING_WORKERS ?= 4
 DJANGO6_WORKERS ?= 2
 
 $(BIN)/python:
@@ -50,8 +50,8 @@ lint: $(TEST_STAMP)
 
 # pytest includes README.md and docs/ (every code block runs) and tests/test_packaging.py (sdist
 # and wheel built offline, the wheel installed into a fresh venv and smoke-tested there). The
-# tests marked `timing` run after the others, three at a time, a test's backends one at a time
-# (tests/conftest.py); both passes always run.
+# tests marked `timing` run after the others, four at a time (the longest first), a test's
+# backends one at a time (tests/conftest.py); both passes always run.
 pytest: $(TEST_STAMP) $(SPIDER_PLUGIN)
 	@status=0; $(MAKE) --no-print-directory pytest-parallel || status=1; \
 	$(MAKE) --no-print-directory pytest-timing || status=1; exit $$status

@@ -5,10 +5,10 @@ import pytest
 pytest_plugins = ["tests.plugins.databases", "tests.plugins.process_default"]
 
 # `make test` runs pytest -n 6 --dist loadgroup -m "not timing" (pytest-xdist: tests in
-# parallel processes), then pytest -n 3 --dist loadgroup -m timing: those tests judge lease
+# parallel processes), then pytest -n 4 --dist loadgroup -m timing: those tests judge lease
 # timings (fencing before a deadline, renewals across an outage) or start dozens of processes,
-# so they run after the others, three tests at a time (a test's parameters one at a time, the
-# slow ones first).
+# so they run after the others, four tests at a time (a test's parameters one at a time, the
+# longest first).
 # Every test has its own database and tmp_path.
 
 # Run only in its own subprocess (tests/test_sharding_django.py), with its own Django settings:
@@ -22,21 +22,28 @@ collect_ignore = (
 def pytest_configure(config: object) -> None:
     config.addinivalue_line(  # type: ignore[attr-defined]
         "markers",
-        "timing: judges lease timings or loads the machine (make test runs these after the "
-        "others, three at a time)",
+        "timing(seconds=N): judges lease timings or loads the machine (make test runs these "
+        "after the others, four at a time, the longest first; N: about how long one backend "
+        "takes alone)",
     )
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A `timing` test's parameters (one per backend) form one group, run one at a time by
-    one pytest-xdist worker. Timing tests come first in the order, the `slow` ones before the
-    others, so that the workers finish them at about the same time."""
+    one pytest-xdist worker. Timing tests come first in the order, the longest first (their
+    ``seconds``: about how long one backend takes alone), then the `slow` ones, so that the
+    workers finish at about the same time."""
     for item in items:
         if item.get_closest_marker("timing") is not None:
             item.add_marker(pytest.mark.xdist_group(f"timing-{item.nodeid.split('[')[0]}"))
-    items.sort(key=lambda item: (item.get_closest_marker("timing") is None,
-                                 item.get_closest_marker("slow") is None))
+    items.sort(key=_order)
+
+
+def _order(item: pytest.Item) -> tuple[bool, float, bool]:
+    timing = item.get_closest_marker("timing")
+    seconds = float(timing.kwargs.get("seconds", 0)) if timing is not None else 0.0
+    return timing is None, -seconds, item.get_closest_marker("slow") is None
 
 
 #: Why the tests must not run here (set when --dist loadgroup ignores the groups).

@@ -46,7 +46,7 @@ def _os_threads() -> int:
     return int(status.split("\nThreads:", 1)[1].split("\n", 1)[0])
 
 
-@pytest.mark.timing  # see tests/conftest.py
+@pytest.mark.timing(seconds=12)  # see tests/conftest.py
 @pytest.mark.slow
 def test_raw_forks_beside_a_busy_heartbeat_never_hang(
     any_db: ScratchDatabase, tmp_path: Path
@@ -100,7 +100,7 @@ def test_raw_forks_beside_a_busy_heartbeat_never_hang(
 RENEWING_LEASE_S = STEADY_LEASE_SECONDS
 
 
-@pytest.mark.timing  # see tests/conftest.py
+@pytest.mark.timing(seconds=21)  # see tests/conftest.py
 @pytest.mark.slow
 def test_a_child_that_cannot_be_repaired_starts_no_thread_and_its_callers_renew(
     any_db: ScratchDatabase, monkeypatch: pytest.MonkeyPatch

@@ -132,7 +132,7 @@ def test_a_lost_lease_is_counted_and_a_new_one_acquired(any_db: ScratchDatabase)
         alloc.close()
 
 
-@pytest.mark.timing  # see tests/conftest.py
+@pytest.mark.timing(seconds=8)  # see tests/conftest.py
 @pytest.mark.slow
 def test_an_outage_counts_renewal_failures_refusals_and_time_fenced(
     any_db: ScratchDatabase,

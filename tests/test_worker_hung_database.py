@@ -88,7 +88,7 @@ def _prepared(database: ScratchDatabase) -> None:
         first.check(layout=SnowflakeGenerator(0).layout)
 
 
-@pytest.mark.timing  # see tests/conftest.py
+@pytest.mark.timing(seconds=5)  # see tests/conftest.py
 def test_a_locked_slots_table_costs_an_error_within_the_bound(any_db: ScratchDatabase) -> None:
     bound = bound_seconds(any_db.backend, LEASE_SECONDS)
     _prepared(any_db)
@@ -118,7 +118,7 @@ def test_a_locked_slots_table_costs_an_error_within_the_bound(any_db: ScratchDat
         alloc.close()
 
 
-@pytest.mark.timing  # see tests/conftest.py
+@pytest.mark.timing(seconds=1)  # see tests/conftest.py
 def test_a_slow_database_that_answers_within_the_bound_still_works(
     any_db: ScratchDatabase,
 ) -> None:

@@ -21,7 +21,7 @@ from .plugins.databases import ScratchDatabase
 from .worker_support import wait_for
 
 
-@pytest.mark.timing  # see tests/conftest.py
+@pytest.mark.timing(seconds=12)  # see tests/conftest.py
 @pytest.mark.slow
 def test_connections_killed_then_database_unreachable_fences_and_recovers(
     any_db: ScratchDatabase,

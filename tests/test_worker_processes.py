@@ -54,7 +54,7 @@ def _acquire_at_once(url: str, barrier: Any, results: Any, finish: Any) -> None:
     finish.wait(timeout=180)
 
 
-@pytest.mark.timing  # see tests/conftest.py
+@pytest.mark.timing(seconds=2)  # see tests/conftest.py
 @pytest.mark.slow
 def test_64_processes_acquiring_at_once_get_distinct_committed_slots(
     any_db: ScratchDatabase,
@@ -170,7 +170,7 @@ def _sigstop_between_writes(pid: int, db: ScratchDatabase) -> int:
         time.sleep(0.05)
 
 
-@pytest.mark.timing  # see tests/conftest.py
+@pytest.mark.timing(seconds=5)  # see tests/conftest.py
 def test_sigstopped_holder_stops_issuing_and_ids_stay_disjoint(any_db: ScratchDatabase) -> None:
     lease_seconds = 1.5
     ready, log, stop = FORK.Queue(), FORK.Queue(), FORK.Event()
@@ -233,7 +233,7 @@ def _forked_worker(out: Path) -> None:
         out.write_text(json.dumps({"error": traceback.format_exc()}))
 
 
-@pytest.mark.timing  # see tests/conftest.py
+@pytest.mark.timing(seconds=1)  # see tests/conftest.py
 def test_fork_after_use_gives_each_child_its_own_slot(
     any_db: ScratchDatabase, tmp_path: Path
 ) -> None:
@@ -313,7 +313,7 @@ def _load_child(out: str, seconds: float, per_thread_cap: int) -> None:
         Path(out + ".json").write_text(json.dumps({"error": traceback.format_exc()}))
 
 
-@pytest.mark.timing  # see tests/conftest.py
+@pytest.mark.timing(seconds=8)  # see tests/conftest.py
 @pytest.mark.slow
 def test_load_8_processes_x_2_threads_with_renewing_leases(
     any_db: ScratchDatabase, tmp_path: Path

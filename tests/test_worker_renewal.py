@@ -161,7 +161,7 @@ def test_callers_keep_the_lease_when_the_heartbeat_thread_is_stopped(
         gen.close()
 
 
-@pytest.mark.timing  # see tests/conftest.py
+@pytest.mark.timing(seconds=17)  # see tests/conftest.py
 @pytest.mark.slow
 def test_callers_keep_the_lease_while_the_heartbeat_is_starved(any_db: ScratchDatabase) -> None:
     """The heartbeat thread is alive but cannot run: another thread holds the lock it waits on
@@ -242,7 +242,7 @@ def test_one_renewal_at_a_time_however_many_callers(postgres_db: ScratchDatabase
 # -- the database does not answer --------------------------------------------------------------
 
 
-@pytest.mark.timing  # see tests/conftest.py
+@pytest.mark.timing(seconds=17)  # see tests/conftest.py
 @pytest.mark.slow
 def test_callers_fence_before_the_deadline_and_recover_when_the_database_is_unreachable(
     any_db: ScratchDatabase,
@@ -381,7 +381,7 @@ def _process_without_heartbeat(url: str, seconds: float, out: str) -> None:
     Path(out + ".json").write_text(json.dumps(report))
 
 
-@pytest.mark.timing  # see tests/conftest.py
+@pytest.mark.timing(seconds=14)  # see tests/conftest.py
 @pytest.mark.slow
 def test_processes_without_heartbeats_issue_without_fencing(
     any_db: ScratchDatabase, tmp_path: Path

@@ -284,7 +284,7 @@ def test_check_non_bigint_column_on_servers(tx_backend: str) -> None:
 # -- the table allocator on the Django-migrated tables ----------------------------------------
 
 
-@pytest.mark.timing  # see tests/conftest.py
+@pytest.mark.timing(seconds=6)  # see tests/conftest.py
 def test_table_allocator_leases_and_heartbeats(
     tx_backend: str, table_allocator: DjangoTableWorkerAllocator
 ) -> None:
