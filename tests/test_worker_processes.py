@@ -27,6 +27,7 @@ from snowflake_db import (
 )
 from snowflake_db.worker import TableLease, TableWorkerAllocator, forking
 
+from .outage_support import STEADY_LEASE_SECONDS
 from .plugins.databases import ScratchDatabase
 from .worker_support import allocator, read_slots
 
@@ -237,7 +238,10 @@ def _forked_worker(out: Path) -> None:
 def test_fork_after_use_gives_each_child_its_own_slot(
     any_db: ScratchDatabase, tmp_path: Path
 ) -> None:
-    alloc = allocator(any_db)
+    # The steady lease: on SQLite the parent's renewals wait for the file's one write lock
+    # while eight children acquire theirs, and beside a second suite a 2 s lease fenced the
+    # parent (a safe refusal, but not what is judged here).
+    alloc = allocator(any_db, lease_seconds=STEADY_LEASE_SECONDS)
     gen = snowflake_db.configure(allocator=alloc)
     try:
         parent_ids = [snowflake_db.snowflake_default() for _ in range(5000)]
