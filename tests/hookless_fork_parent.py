@@ -47,10 +47,10 @@ RENEW_EVERY_S = 0.4
 CHILD_DEADLINE_S = 20.0
 RUN_S = 1.3  # each child also issues after 3 of its renewals were due
 RENEWAL_WAIT_S = 8.0  # at most this much longer if none of them was done yet
-#: Children alive at once: two (12 s instead of 22 s per backend). Four once left one without a
-#: single renewal in its 1.3 s beside a second suite; a child now issues on until its first
-#: renewal (RENEWAL_WAIT_S), and a fork still lands beside the parent's busy heartbeat.
-RUNNING = 2
+#: Children alive at once: one. Two (12 s instead of 22 s per backend) loaded the machine
+#: enough, beside a second suite, that 3 of 16 children hung in CPython before the repair (the
+#: forking thread descheduled with the GIL, so a GIL request was pending at the fork).
+RUNNING = 1
 
 
 def _os_threads() -> int:
