@@ -5,20 +5,26 @@ within seconds, as a database that is down does, never a caller blocked for as l
 holds a lock on the slots table. Every connection of an allocator's engine gets the same bound
 ``seconds`` (:func:`statement_seconds`):
 
-* PostgreSQL: ``statement_timeout`` and ``lock_timeout`` for the session, ``connect_timeout``,
-  and ``tcp_user_timeout`` (a host that vanished with a request unanswered).
+* PostgreSQL: ``statement_timeout`` and ``lock_timeout`` for the session, ``connect_timeout``
+  (at least :data:`MIN_CONNECT_SECONDS`, see below), and ``tcp_user_timeout`` (a host that
+  vanished with a request unanswered).
   https://www.postgresql.org/docs/current/runtime-config-client.html
 * MariaDB / MySQL: ``lock_wait_timeout`` (table locks) and ``innodb_lock_wait_timeout`` (row
   locks), ``max_statement_time`` (MariaDB) or ``max_execution_time`` (MySQL); PyMySQL's
-  ``connect_timeout``, and ``read_timeout`` / ``write_timeout`` one second longer, for a server
-  that stops answering at all. https://mariadb.com/kb/en/server-system-variables/
+  ``connect_timeout`` (at least :data:`MIN_CONNECT_SECONDS`), and ``read_timeout`` /
+  ``write_timeout`` one second longer than the bound, for a server that stops answering at all.
+  https://mariadb.com/kb/en/server-system-variables/
 * SQLite: the busy timeout (how long a statement waits for another connection's lock), at
   least :data:`SQLITE_MIN_BUSY_SECONDS`: SQLite's lock waits are not fair (a waiting writer
   polls, and a busier one can take the lock between its polls), so a shorter wait could fail a
   healthy holder's renewal beside a process that retries in a loop.
 
-A slow database that answers within the bound works as before. A timed-out statement is never
-retried by the allocator (:func:`is_timeout`): one bound, not a multiple of it.
+A slow database that answers within the bound works as before. A new connection may take
+longer than one statement: a server under load starts a session in seconds (PostgreSQL forks a
+backend and, on a database new to it, builds its catalog caches), so connecting waits at least
+:data:`MIN_CONNECT_SECONDS`; a server that is down refuses at once whatever the limit. A
+timed-out statement is never retried by the allocator (:func:`is_timeout`): one bound, not a
+multiple of it.
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ from sqlalchemy.pool import ConnectionPoolEntry
 #: Bounds on the per-statement limit, whatever the lease length.
 MIN_STATEMENT_SECONDS = 1.0
 MAX_STATEMENT_SECONDS = 10.0
+#: Shortest connect timeout: with a 6 s lease's 2 s, four processes starting beside a second
+#: test suite once waited longer than that for PostgreSQL to start their sessions.
+MIN_CONNECT_SECONDS = 5
 #: Shortest SQLite busy timeout (see above).
 SQLITE_MIN_BUSY_SECONDS = 5.0
 #: SQLSTATEs of a statement PostgreSQL cancelled at its statement or lock timeout.
@@ -60,13 +69,14 @@ def connect_args(url: URL, seconds: float) -> dict[str, Any]:
     """Driver arguments bounding connects and (client side) reads; the URL's own win."""
     backend, driver, query = url.get_backend_name(), url.get_driver_name(), url.query
     whole = max(1, math.ceil(seconds))
+    connecting = max(whole, MIN_CONNECT_SECONDS)
     args: dict[str, Any] = {}
     if backend == "postgresql":
-        args["connect_timeout"] = whole
+        args["connect_timeout"] = connecting
         if _libpq_version(driver) >= 120000:  # libpq 12 added tcp_user_timeout
             args["tcp_user_timeout"] = round(seconds * 1000)
     elif backend in ("mysql", "mariadb") and driver == "pymysql":
-        args["connect_timeout"] = whole
+        args["connect_timeout"] = connecting
         args["read_timeout"] = args["write_timeout"] = whole + 1
     elif backend == "sqlite":
         args["timeout"] = max(seconds, SQLITE_MIN_BUSY_SECONDS)
