@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 
 import snowflake_db
 from snowflake_db import (
@@ -140,23 +142,38 @@ def _stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "T"
 
 
-def _sqlite_writable(db: ScratchDatabase) -> bool:
-    connection = sqlite3.connect(str(db.url.database), timeout=0.2)
+def _holds_no_lock(db: ScratchDatabase) -> bool:
+    """Can another connection lock the slot row (SQLite: the file) without waiting?"""
+    if db.backend == "sqlite":
+        connection = sqlite3.connect(str(db.url.database), timeout=0.2)
+        try:
+            connection.execute("BEGIN EXCLUSIVE")
+            connection.rollback()
+            return True
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            connection.close()
+    engine = create_engine(db.url)
     try:
-        connection.execute("BEGIN EXCLUSIVE")
-        connection.rollback()
+        with engine.connect() as connection, connection.begin():
+            connection.execute(
+                text("SELECT worker_id FROM snowflake_worker_slots WHERE worker_id = 0 "
+                     "FOR UPDATE NOWAIT")
+            ).all()
         return True
-    except sqlite3.OperationalError:
+    except OperationalError:
         return False
     finally:
-        connection.close()
+        engine.dispose()
 
 
 def _sigstop_between_writes(pid: int, db: ScratchDatabase) -> int:
-    """SIGSTOP ``pid`` and return the time just before, in ms. On SQLite, only at a moment it
-    holds no lock on the file: a process stopped inside a SQLite transaction keeps the file
-    locked for everyone until it runs again, which no library can undo (a loaded machine
-    stopped the heartbeat mid-renewal once, and the next holder got "database is locked")."""
+    """SIGSTOP ``pid`` and return the time just before, in ms; only at a moment it holds no
+    lock. A process stopped inside a transaction keeps its locks until it runs again: the SQLite
+    file for everyone ("database is locked"), the slot row on PostgreSQL and MariaDB for the
+    next claimant (its claim waited out its bound beside a second suite). No library can undo
+    that from another process; the server can, by dropping the stopped session."""
     deadline = time.monotonic() + 20
     while True:
         stopped_ms = time.time_ns() // 1_000_000
@@ -164,7 +181,7 @@ def _sigstop_between_writes(pid: int, db: ScratchDatabase) -> int:
         while not _stopped(pid):
             assert time.monotonic() < deadline
             time.sleep(0.001)
-        if db.backend != "sqlite" or _sqlite_writable(db):
+        if _holds_no_lock(db):
             return stopped_ms
         os.kill(pid, signal.SIGCONT)
         assert time.monotonic() < deadline, "the holder never stopped outside a transaction"
