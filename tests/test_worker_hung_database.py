@@ -9,6 +9,7 @@ only delays it. Before the fix, a fresh ``ensure_worker()`` waited as long as th
 
 from __future__ import annotations
 
+import socket
 import sqlite3
 import threading
 import time
@@ -21,7 +22,7 @@ from sqlalchemy import create_engine, event
 
 from snowflake_db import AllocatorUnavailableError, SnowflakeGenerator
 from snowflake_db.worker import TableLease, TableWorkerAllocator
-from snowflake_db.worker.timeouts import bound_seconds
+from snowflake_db.worker.timeouts import MIN_CONNECT_SECONDS, bound_seconds
 
 from .plugins.databases import ScratchDatabase
 from .worker_support import read_slots
@@ -223,3 +224,60 @@ def test_a_first_process_stalled_mid_acquisition_holds_no_other_past_the_bound(
         for generator, alloc in ((first_generator, first), (second_generator, second)):
             generator.close()
             alloc.close()
+
+
+@contextmanager
+def silent_server() -> Iterator[int]:
+    """A loopback port that accepts connections and never answers (a server too loaded to
+    start a session); yields the port."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not done.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        done.set()
+        thread.join(5)
+        for connection in accepted:
+            connection.close()
+        listener.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "seconds"),
+    [("postgresql+psycopg://postgres@127.0.0.1:{port}/test", MIN_CONNECT_SECONDS),
+     ("mysql+pymysql://root@127.0.0.1:{port}/test", 3)],
+    ids=["postgresql", "mariadb"],
+)  # fmt: skip
+def test_a_server_that_never_starts_the_session_costs_a_clear_error_in_time(
+    url: str, seconds: float
+) -> None:
+    """A 6 s lease bounds statements at 2 s. libpq's connect (the whole session start) gets
+    MIN_CONNECT_SECONDS instead: a loaded PostgreSQL once took longer than 2 s to start four
+    sessions. PyMySQL's handshake is a read, bounded by the read timeout (2 s + 1 s)."""
+    with silent_server() as port:
+        alloc = TableWorkerAllocator(url.format(port=port), lease_seconds=6.0)
+        generator = SnowflakeGenerator(allocator=alloc)
+        try:
+            started = time.monotonic()
+            with pytest.raises(AllocatorUnavailableError) as caught:
+                generator.ensure_worker()
+            elapsed = time.monotonic() - started
+        finally:
+            generator.close()
+            alloc.close()
+    assert seconds * 0.9 <= elapsed <= seconds + SLACK_S, elapsed
+    assert f"127.0.0.1:{port}" in str(caught.value)

@@ -11,8 +11,9 @@ holds a lock on the slots table. Every connection of an allocator's engine gets 
   https://www.postgresql.org/docs/current/runtime-config-client.html
 * MariaDB / MySQL: ``lock_wait_timeout`` (table locks) and ``innodb_lock_wait_timeout`` (row
   locks), ``max_statement_time`` (MariaDB) or ``max_execution_time`` (MySQL); PyMySQL's
-  ``connect_timeout`` (at least :data:`MIN_CONNECT_SECONDS`), and ``read_timeout`` /
-  ``write_timeout`` one second longer than the bound, for a server that stops answering at all.
+  ``connect_timeout`` (the TCP connect, at least :data:`MIN_CONNECT_SECONDS`), and
+  ``read_timeout`` / ``write_timeout`` one second longer than the bound, for a server that stops
+  answering at all (the handshake is a read: it gets the read timeout).
   https://mariadb.com/kb/en/server-system-variables/
 * SQLite: the busy timeout (how long a statement waits for another connection's lock), at
   least :data:`SQLITE_MIN_BUSY_SECONDS`: SQLite's lock waits are not fair (a waiting writer
@@ -21,8 +22,8 @@ holds a lock on the slots table. Every connection of an allocator's engine gets 
 
 A slow database that answers within the bound works as before. A new connection may take
 longer than one statement: a server under load starts a session in seconds (PostgreSQL forks a
-backend and, on a database new to it, builds its catalog caches), so connecting waits at least
-:data:`MIN_CONNECT_SECONDS`; a server that is down refuses at once whatever the limit. A
+backend and, on a database new to it, builds its catalog caches), so libpq's connect waits at
+least :data:`MIN_CONNECT_SECONDS`; a server that is down refuses at once whatever the limit. A
 timed-out statement is never retried by the allocator (:func:`is_timeout`): one bound, not a
 multiple of it.
 """
