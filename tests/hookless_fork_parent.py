@@ -34,7 +34,7 @@ from typing import Any
 
 import snowflake_db
 from snowflake_db import forks
-from snowflake_db.worker import TableLease, TableWorkerAllocator, forking
+from snowflake_db.worker import TableLease, TableWorkerAllocator, forking, sqlite_fork_gate
 
 #: libc's fork() holding the GIL, as a C server (uWSGI) forks: no Python fork hook runs.
 LIBC_FORK = ctypes.PyDLL(None, use_errno=True).fork
@@ -59,7 +59,9 @@ def _os_threads() -> int:
 
 
 def _child(out: Path) -> None:
-    report: dict[str, Any] = {}
+    # Read before the library's first call repairs this process: SQLite calls of the parent's
+    # threads (its heartbeat's renewal) under way at the fork.
+    report: dict[str, Any] = {"forked_mid_sqlite_call": sqlite_fork_gate._calls > 0}
     try:
         generator = snowflake_db.get_generator()
         ids = array("q", (snowflake_db.snowflake_default() for _ in range(200)))

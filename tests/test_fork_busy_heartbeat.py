@@ -76,9 +76,13 @@ def test_raw_forks_beside_a_busy_heartbeat_never_hang(
         # SQLite's own hazard: a child forked while the parent's heartbeat was inside SQLite
         # inherits that call's file-lock bookkeeping, and its file stays busy to it. It gets an
         # error within the busy timeout, never a hang (https://www.sqlite.org/howtocorrupt.html).
-        assert all("database is locked" in error for error in errors), errors[0]
-        assert len(errors) <= CHILDREN // 4, errors
+        # Only such children may fail: how many depends on how long the parent's renewals
+        # take, a fifth of the time or more beside a second suite (5 of 16 children once).
+        failed = [report for report in reports if "error" in report]
+        assert all("database is locked" in report["error"] for report in failed), errors[0]
+        assert all(report["forked_mid_sqlite_call"] for report in failed), failed
         reports = [report for report in reports if "error" not in report]
+        assert len(reports) >= CHILDREN // 4, outcomes  # enough forked between renewals
     assert not errors or any_db.backend == "sqlite", errors[0]
     for report in reports:
         assert report["mine"] is True
