@@ -7,33 +7,37 @@ DEMO_STAMP := $(VENV)/.demo-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 SPIDER_PLUGIN := .venv/spider/usr/lib/mysql/plugin/ha_spider.so
 
-.PHONY: demo test lint pytest pytest-parallel pytest-timing django6 package-check bench \
-	django-suite docs clean
+.PHONY: demo test lint pytest pytest-parallel pytest-django pytest-timing django6 \
+	package-check bench django-suite docs clean
 
 # Bytecode (and pytest's rewritten test modules) is cached in __pycache__ even where the
 # environment says otherwise: every pytest-xdist worker imports and collects the whole suite,
 # which costs twice as much uncached.
 unexport PYTHONDONTWRITEBYTECODE
 
-# Test processes (pytest-xdist) for the main pass, the timing pass and the Django 6 pass. Most
-# of the suite waits on databases, subprocesses and leases rather than computing, so this
+# Test processes (pytest-xdist) for the main pass, the timing pass and the two Django passes.
+# Most of the suite waits on databases, subprocesses and leases rather than computing, so this
 # exceeds 2 cores.
 PYTEST_WORKERS ?= 6
 TIMING_WORKERS ?= 4
-DJANGO6_WORKERS ?= 2
+DJANGO_WORKERS ?= 2
 
+# The venv gets uv (from PyPI, by pip), which installs the extras below in seconds where pip
+# takes half a minute (https://docs.astral.sh/uv/pip/). uv reads UV_INDEX_URL, not pip's
+# configuration, for a private index.
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit("snowflake_db needs Python 3.11+, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet 'uv>=0.5'
 
 # The demo: Django, SQLAlchemy and the PostgreSQL/MariaDB drivers (the `demo` extra), no linters.
 $(DEMO_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[demo]'
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[demo]'
 	@touch $(DEMO_STAMP)
 
 # Tests, linters, packaging tools and the benchmarks' peer library.
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[test,bench]'
 	@touch $(TEST_STAMP) $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)
@@ -50,16 +54,25 @@ lint: $(TEST_STAMP)
 
 # pytest includes README.md and docs/ (every code block runs) and tests/test_packaging.py (sdist
 # and wheel built offline, the wheel installed into a fresh venv and smoke-tested there). The
-# tests marked `timing` run after the others, four at a time (the longest first), a test's
-# backends one at a time (tests/conftest.py); both passes always run.
+# main pass runs all but tests/django (and tests/django_project, the project it tests) and the
+# `timing` tests; tests/django runs in a pass of its own (make test runs it beside the timing
+# pass, where a core is free); the timing tests run last, four at a time (the longest first), a
+# test's backends one at a time (tests/conftest.py). Every pass always runs.
 pytest: $(TEST_STAMP) $(SPIDER_PLUGIN)
 	@status=0; $(MAKE) --no-print-directory pytest-parallel || status=1; \
+	$(MAKE) --no-print-directory pytest-django || status=1; \
 	$(MAKE) --no-print-directory pytest-timing || status=1; exit $$status
 
 # One collection first, alone, so that the workers find every module compiled and rewritten.
 pytest-parallel: $(TEST_STAMP) $(SPIDER_PLUGIN)
 	@$(BIN)/python -m pytest --collect-only -q > /dev/null || true  # errors: the run says them
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not timing"
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not timing" \
+		--ignore=tests/django --ignore=tests/django_project
+
+# No cache of last failures here: make test runs this beside the timing pass, which writes it.
+pytest-django: $(TEST_STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider -n $(DJANGO_WORKERS) --dist loadgroup \
+		-m "not timing" tests/django
 
 pytest-timing: $(TEST_STAMP)
 	$(BIN)/python -m pytest -n $(TIMING_WORKERS) --dist loadgroup -m timing
@@ -71,19 +84,21 @@ $(SPIDER_PLUGIN):
 
 # tests/django again under Django 6 on Python 3.12 (builds .venv/django6-py312 once).
 django6: $(TEST_STAMP)
-	bash tests/run_django6.sh -q -n $(DJANGO6_WORKERS) --dist loadgroup -m "not timing"; \
+	bash tests/run_django6.sh -q -n $(DJANGO_WORKERS) --dist loadgroup -m "not timing"; \
 	status=$$?; bash tests/run_django6.sh -q -m timing || status=1; exit $$status
 
 package-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests/test_packaging.py
 
-# Two stages, each two jobs at once (each job's output printed whole when it ends,
-# --output-sync): lint beside the main pytest pass, then the timing pass beside the Django 6
-# pass. Every job runs whatever failed before it; the status is 1 if any failed.
+# Two stages of jobs at once (each job's output printed whole when it ends, --output-sync):
+# lint beside the main pytest pass, then the timing pass beside the Django 5.2 and Django 6
+# passes (the timing tests mostly wait: the Django passes use the CPU they leave). Every job
+# runs whatever failed before it; the status is 1 if any failed.
 test: $(TEST_STAMP) $(SPIDER_PLUGIN)
 	@status=0; \
 	$(MAKE) --no-print-directory -j2 -k --output-sync=target lint pytest-parallel || status=1; \
-	$(MAKE) --no-print-directory -j2 -k --output-sync=target pytest-timing django6 || status=1; \
+	$(MAKE) --no-print-directory -j3 -k --output-sync=target pytest-timing pytest-django \
+		django6 || status=1; \
 	exit $$status
 
 bench: $(TEST_STAMP)

@@ -27,8 +27,13 @@ fi
 venv=.venv/django6-py312
 stamp="$venv/.installed-stamp"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    "$python312" -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet -e '.[test]' 'Django>=6.0,<7'
+    if [ -x .venv/bin/uv ]; then  # make test's venv has uv: seconds instead of half a minute
+        .venv/bin/uv venv --quiet --python "$python312" "$venv"
+        .venv/bin/uv pip install --quiet --python "$venv/bin/python" -e '.[test]' 'Django>=6.0,<7'
+    else
+        "$python312" -m venv "$venv"
+        "$venv/bin/python" -m pip install --quiet -e '.[test]' 'Django>=6.0,<7'
+    fi
     touch "$stamp"
 fi
 "$venv/bin/python" -c 'import django, sys; print(f"Django {django.get_version()} on Python {sys.version.split()[0]}")'
