@@ -145,7 +145,7 @@ def test_a_slow_database_that_answers_within_the_bound_still_works(
 
 
 @pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
-def test_each_session_carries_the_statement_and_lock_limits(
+def test_each_session_carries_the_statement_lock_and_idle_transaction_limits(
     backend: str, database_factory: Any
 ) -> None:
     database = database_factory(backend)
@@ -154,15 +154,21 @@ def test_each_session_carries_the_statement_and_lock_limits(
         if backend == "postgresql":
             settings = {
                 name: connection.exec_driver_sql(f"SHOW {name}").scalar_one()
-                for name in ("statement_timeout", "lock_timeout")
+                for name in (
+                    "statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout"
+                )
             }
-            assert settings == {"statement_timeout": "1s", "lock_timeout": "1s"}
+            assert settings == {
+                "statement_timeout": "1s",
+                "lock_timeout": "1s",
+                "idle_in_transaction_session_timeout": "5s",  # the floor: a lease, at least 5 s
+            }
         else:
             row = connection.exec_driver_sql(
                 "SELECT @@session.lock_wait_timeout, @@session.innodb_lock_wait_timeout, "
-                "@@session.max_statement_time"
+                "@@session.max_statement_time, @@session.idle_transaction_timeout"
             ).one()
-            assert (int(row[0]), int(row[1]), float(row[2])) == (1, 1, 1.0)
+            assert (int(row[0]), int(row[1]), float(row[2]), int(row[3])) == (1, 1, 1.0, 5)
 
 
 @pytest.mark.parametrize("backend", ["postgresql", "mariadb"])

@@ -12,11 +12,12 @@ import threading
 import time
 import traceback
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.exc import OperationalError
 
 import snowflake_db
@@ -28,6 +29,7 @@ from snowflake_db import (
     WorkerIdExhaustedError,
 )
 from snowflake_db.worker import TableLease, TableWorkerAllocator, forking
+from snowflake_db.worker.timeouts import idle_transaction_seconds
 
 from .outage_support import STEADY_LEASE_SECONDS
 from .plugins.databases import ScratchDatabase
@@ -90,9 +92,14 @@ def test_64_processes_acquiring_at_once_get_distinct_committed_slots(
 # -- SIGKILL and SIGSTOP ---------------------------------------------------------------------
 
 
-def _issue_forever(url: str, lease_seconds: float, ready: Any, log: Any, stop: Any) -> None:
-    """Hold the single slot and issue IDs until told to stop; report every ID and error."""
+def _issue_forever(
+    url: str, lease_seconds: float, ready: Any, log: Any, stop: Any, *, freeze: Any = None
+) -> None:
+    """Hold the single slot and issue IDs until told to stop; report every ID and error.
+    ``freeze``: see :func:`_freeze_in_the_next_renewal`."""
     alloc = TableWorkerAllocator(url, lease_seconds=lease_seconds)
+    if freeze is not None:
+        _freeze_in_the_next_renewal(alloc._engine, freeze)
     gen = SnowflakeGenerator(allocator=alloc, layout=SINGLE_SLOT)
     ids: list[tuple[int, int]] = []
     errors: list[tuple[str, int]] = []
@@ -171,9 +178,9 @@ def _holds_no_lock(db: ScratchDatabase) -> bool:
 def _sigstop_between_writes(pid: int, db: ScratchDatabase) -> int:
     """SIGSTOP ``pid`` and return the time just before, in ms; only at a moment it holds no
     lock. A process stopped inside a transaction keeps its locks until it runs again: the SQLite
-    file for everyone ("database is locked"), the slot row on PostgreSQL and MariaDB for the
-    next claimant (its claim waited out its bound beside a second suite). No library can undo
-    that from another process; the server can, by dropping the stopped session."""
+    file for everyone ("database is locked"), the slot row on PostgreSQL and MariaDB until the
+    server ends the session a lease later (tested below), longer than this 1.5 s lease's
+    takeover, which is what is judged here."""
     deadline = time.monotonic() + 20
     while True:
         stopped_ms = time.time_ns() // 1_000_000
@@ -200,27 +207,40 @@ def test_sigstopped_holder_stops_issuing_and_ids_stay_disjoint(any_db: ScratchDa
     time.sleep(0.3)
     assert child.pid is not None
     stopped_ms = _sigstop_between_writes(child.pid, any_db)
+    _next_holder_takes_over(any_db, child, lease_seconds, stopped_ms, log=log, stop=stop)
+
+
+#: How long a stopped holder runs again beside the next one: its lease passed its local deadline
+#: while it was stopped, so its first call after resuming must already refuse.
+RESUMED_RUN_S = 3.0
+
+
+def _next_holder_takes_over(
+    db: ScratchDatabase, child: Any, lease_seconds: float, stopped_ms: int, *, log: Any, stop: Any
+) -> None:
+    """The stopped holder's lease expires in the database, a new holder claims the slot, then the
+    stopped one runs again: it issues nothing new, and the two holders' IDs are disjoint."""
     try:
         deadline = time.monotonic() + 30
-        while read_slots(any_db.url)[0].state == "live":  # wait for the database to expire it
+        while read_slots(db.url)[0].state == "live":  # wait for the database to expire it
             assert time.monotonic() < deadline
             time.sleep(0.1)
         # The next holder's own lease is longer: it must keep issuing on a loaded machine (with
         # 1.5 s leases its heartbeat could be late), and its length is not what is judged here.
-        with allocator(any_db, lease_seconds=4 * lease_seconds) as alloc:
+        with allocator(db, lease_seconds=max(4 * lease_seconds, STEADY_LEASE_SECONDS)) as alloc:
             second = SnowflakeGenerator(allocator=alloc, layout=SINGLE_SLOT)
             second_ids = second.next_ids(1000)
             floor = _lease(second).floor_ms
             resumed_ns = time.time_ns()
-            os.kill(child.pid, signal.SIGCONT)  # type: ignore[arg-type]
-            until = time.monotonic() + 2 * lease_seconds
+            os.kill(child.pid, signal.SIGCONT)
+            until = time.monotonic() + RESUMED_RUN_S
             while time.monotonic() < until:  # the new holder keeps working meanwhile
                 second_ids.extend(second.next_ids(100))
                 time.sleep(0.01)
             stop.set()
             report = log.get(timeout=60)
     finally:
-        os.kill(child.pid, signal.SIGCONT)  # type: ignore[arg-type]
+        os.kill(child.pid, signal.SIGCONT)
         stop.set()
         child.join(30)
     first_ids = [snowflake_id for snowflake_id, _ in report["ids"]]
@@ -233,6 +253,56 @@ def test_sigstopped_holder_stops_issuing_and_ids_stay_disjoint(any_db: ScratchDa
     assert max(SINGLE_SLOT.decode(i).timestamp_ms for i in first_ids) <= floor
     assert min(SINGLE_SLOT.decode(i).timestamp_ms for i in second_ids) > floor
     assert not set(first_ids) & set(second_ids)
+
+
+def _freeze_in_the_next_renewal(engine: Any, freeze: Any) -> None:
+    """Once ``freeze`` is set, the next renewal stops this whole process (SIGSTOP) between its
+    UPDATE of the slot row and its commit, as a paused VM or a debugger would."""
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def _stop_here(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if freeze.is_set() and statement.lstrip().upper().startswith("UPDATE"):
+            freeze.clear()
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+@pytest.mark.timing(seconds=13)  # see tests/conftest.py
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])  # SQLite: the file stays locked
+def test_a_holder_frozen_inside_its_renewal_frees_the_slot_a_lease_later(
+    backend: str, database_factory: Callable[[str], ScratchDatabase]
+) -> None:
+    """A holder stopped between its renewal's UPDATE and its commit keeps the slot row locked;
+    the server ends that session once it has idled in its transaction for a whole lease, so the
+    next holder's claim goes through instead of waiting out its bound on the lock."""
+    db = database_factory(backend)
+    lease_seconds = STEADY_LEASE_SECONDS
+    ready, log, stop, freeze = FORK.Queue(), FORK.Queue(), FORK.Event(), FORK.Event()
+    child = FORK.Process(
+        target=_issue_forever,
+        args=(db.url_string, lease_seconds, ready, log, stop),
+        kwargs={"freeze": freeze},
+    )
+    child.start()
+    ready.get(timeout=60)
+    assert child.pid is not None
+    freeze.set()
+    deadline = time.monotonic() + 3 * lease_seconds
+    while not _stopped(child.pid):  # at its next renewal, a third of a lease away
+        assert time.monotonic() < deadline, "the holder never renewed"
+        time.sleep(0.005)
+    frozen_at, stopped_ms = time.monotonic(), time.time_ns() // 1_000_000  # just after the stop
+    try:
+        assert not _holds_no_lock(db)  # frozen inside the transaction: the row stays locked
+        while not _holds_no_lock(db):
+            assert time.monotonic() - frozen_at < idle_transaction_seconds(lease_seconds) + 10
+            time.sleep(0.1)
+        assert time.monotonic() - frozen_at >= idle_transaction_seconds(lease_seconds) - 0.5
+    except BaseException:
+        os.kill(child.pid, signal.SIGCONT)
+        stop.set()
+        child.join(30)
+        raise
+    _next_holder_takes_over(db, child, lease_seconds, stopped_ms, log=log, stop=stop)
 
 
 # -- fork after use (gunicorn --preload) ----------------------------------------------------------

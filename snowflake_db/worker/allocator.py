@@ -127,6 +127,8 @@ class TableWorkerAllocator:
             self.store,
             create_tables=bool(create_tables),
             timeout_seconds=timeouts.statement_seconds(self.lease_seconds),
+            # A transaction idle for a whole lease is a frozen holder's (timeouts.py).
+            idle_transaction_seconds=timeouts.idle_transaction_seconds(self.lease_seconds),
             engine_options=engine_options,
         )
         self._engine = self._control.engine

@@ -158,12 +158,17 @@ def _query_value(url: URL, name: str) -> str:
 
 
 def make_engine(
-    url: URL, *, timeout_seconds: float, engine_options: Mapping[str, Any] | None = None
+    url: URL,
+    *,
+    timeout_seconds: float,
+    idle_transaction_seconds: float | None = None,
+    engine_options: Mapping[str, Any] | None = None,
 ) -> Engine:
     """A small private engine with driver timeouts, pre-ping and SQLite locking set up.
 
-    ``engine_options`` are extra :func:`sqlalchemy.create_engine` arguments; its
-    ``connect_args`` are merged over the defaults here.
+    ``idle_transaction_seconds``: how long the server lets a session idle inside a transaction
+    (:mod:`.timeouts`). ``engine_options`` are extra :func:`sqlalchemy.create_engine`
+    arguments; its ``connect_args`` are merged over the defaults here.
     """
     backend = url.get_backend_name()
     # Connects, lock waits and statements are bounded (timeouts.py); the URL's own settings win.
@@ -187,7 +192,7 @@ def make_engine(
     connect_args.update(extra.pop("connect_args", {}) or {})
     options.update(extra)
     engine = create_engine(url, connect_args=connect_args, **options)
-    timeouts.bound_sessions(engine, timeout_seconds)
+    timeouts.bound_sessions(engine, timeout_seconds, idle_seconds=idle_transaction_seconds)
     if backend == "sqlite":
         _serialise_sqlite_writes(engine)
         sqlite_fork_gate.gate_engine(engine)  # a fork never copies SQLite mid-call

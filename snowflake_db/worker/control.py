@@ -38,6 +38,7 @@ class ControlDatabase:
         *,
         create_tables: bool,
         timeout_seconds: float,
+        idle_transaction_seconds: float | None = None,
         engine_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.url = url
@@ -45,7 +46,10 @@ class ControlDatabase:
         self.create_tables_on_demand = create_tables
         try:
             self.engine = make_engine(
-                url, timeout_seconds=timeout_seconds, engine_options=engine_options
+                url,
+                timeout_seconds=timeout_seconds,
+                idle_transaction_seconds=idle_transaction_seconds,
+                engine_options=engine_options,
             )
         except ModuleNotFoundError as error:
             raise ModuleNotFoundError(
