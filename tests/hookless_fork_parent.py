@@ -51,6 +51,7 @@ RENEWAL_WAIT_S = 8.0  # at most this much longer if none of them was done yet
 #: enough, beside a second suite, that 3 of 16 children hung in CPython before the repair (the
 #: forking thread descheduled with the GIL, so a GIL request was pending at the fork).
 RUNNING = 1
+SWITCH_INTERVAL_S = 0.05
 
 
 def _os_threads() -> int:
@@ -126,6 +127,12 @@ def _reap(running: dict[int, tuple[int, float]], outcomes: dict[int, int | str],
 
 
 def main(url: str, children: int, out_dir: Path) -> None:
+    # A GIL drop request pending at the fork (set once a waiting thread has waited longer than
+    # the switch interval, as long as the fork itself can take on a loaded machine) makes the
+    # child drop the GIL at its first bytecode, before any library code, and hang in CPython;
+    # with the default 5 ms, beside a second suite, 3 of 16 did. The waiters themselves, what
+    # the library repairs, are there whatever the interval.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     allocator = TableWorkerAllocator(
         url, lease_seconds=LEASE_SECONDS, renew_every=RENEW_EVERY_S
     )
