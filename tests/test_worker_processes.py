@@ -266,7 +266,7 @@ def _freeze_in_the_next_renewal(engine: Any, freeze: Any) -> None:
             os.kill(os.getpid(), signal.SIGSTOP)
 
 
-@pytest.mark.timing(seconds=13)  # see tests/conftest.py
+@pytest.mark.slow  # waits 6 s on the server's limit; 6 s leases: not a `timing` test
 @pytest.mark.parametrize("backend", ["postgresql", "mariadb"])  # SQLite: the file stays locked
 def test_a_holder_frozen_inside_its_renewal_frees_the_slot_a_lease_later(
     backend: str, database_factory: Callable[[str], ScratchDatabase]
