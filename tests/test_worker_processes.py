@@ -240,9 +240,7 @@ def _next_holder_takes_over(
             stop.set()
             report = log.get(timeout=60)
     finally:
-        os.kill(child.pid, signal.SIGCONT)
-        stop.set()
-        child.join(30)
+        _resume_and_stop(child, stop)
     first_ids = [snowflake_id for snowflake_id, _ in report["ids"]]
     after_resume = [i for i, returned_ns in report["ids"] if returned_ns > resumed_ns]
     # At most one call in flight at SIGSTOP may complete, with a timestamp from before the stop.
@@ -253,6 +251,13 @@ def _next_holder_takes_over(
     assert max(SINGLE_SLOT.decode(i).timestamp_ms for i in first_ids) <= floor
     assert min(SINGLE_SLOT.decode(i).timestamp_ms for i in second_ids) > floor
     assert not set(first_ids) & set(second_ids)
+
+
+def _resume_and_stop(child: Any, stop: Any) -> None:
+    """Let a stopped holder run again, tell it to stop, and wait for it to end."""
+    os.kill(child.pid, signal.SIGCONT)
+    stop.set()
+    child.join(30)
 
 
 def _freeze_in_the_next_renewal(engine: Any, freeze: Any) -> None:
@@ -311,9 +316,7 @@ def test_a_holder_frozen_inside_its_renewal_frees_the_slot_a_lease_later(
         free_after = looked_at - freeze.value
         assert free_after >= idle_limit - 0.5, f"free {free_after:.2f} s after, {looks} looks"
     except BaseException:
-        os.kill(child.pid, signal.SIGCONT)
-        stop.set()
-        child.join(30)
+        _resume_and_stop(child, stop)
         raise
     _next_holder_takes_over(db, child, lease_seconds, stopped_ms, log=log, stop=stop)
 
