@@ -7,11 +7,13 @@ The site's own links, anchors and API references are checked by ``mkdocs build -
 
 from __future__ import annotations
 
+import itertools
 import posixpath
 import re
 from pathlib import Path
 
 import pytest
+from markdown_it import MarkdownIt
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -60,4 +62,50 @@ def test_every_page_opens_with_its_title_and_task(page: Path) -> None:
     opening = paragraphs[1] if len(paragraphs) > 1 else ""
     assert opening and not opening.startswith(("#", "```", "|", "-", ":::")), (
         f"{page}: the title is not followed by a sentence saying what the page is for"
+    )
+
+
+#: The pages a user starts on: each opens with a recipe and keeps its paragraphs short.
+TASK_PAGES = [README, DOCS / "index.md", *sorted(
+    page for folder in ("getting-started", "converting", "deploying")
+    for page in (DOCS / folder).glob("*.md")
+)]
+#: The longest paragraph a task page may hold; a longer one mixes the main path with details
+#: that belong under a heading of their own or on a reference page.
+MAX_PARAGRAPH_WORDS = 150
+
+
+def _paragraphs(text: str) -> list[tuple[int, str]]:
+    """The paragraphs of a Markdown text, with their first line: prose only (code blocks,
+    tables and headings are not paragraphs), and each item of a list a paragraph of its own
+    (an item of several paragraphs, several)."""
+    tokens = MarkdownIt("commonmark").enable("table").parse(text)
+    return [
+        (opening.map[0] + 1 if opening.map else 0, inline.content)
+        for opening, inline in itertools.pairwise(tokens)
+        if opening.type == "paragraph_open" and inline.type == "inline"
+    ]
+
+
+def test_paragraphs_counts_prose_and_list_items_and_skips_code_and_tables() -> None:
+    text = (
+        "# Title\n\nOne two three.\n\n- item one\n- item two\n  still item two\n\n"
+        "```python\nx = 1  # not a paragraph\n```\n\n| a | b |\n|---|---|\n| c | d |\n"
+    )
+    assert [words for _, words in _paragraphs(text)] == [
+        "One two three.", "item one", "item two\nstill item two",
+    ]
+    assert [line for line, _ in _paragraphs(text)] == [3, 5, 6]
+
+
+@pytest.mark.parametrize("page", TASK_PAGES, ids=lambda page: str(page.relative_to(REPO)))
+def test_task_pages_have_no_paragraph_over_150_words(page: Path) -> None:
+    long = [
+        f"{page.relative_to(REPO)}:{line}: {len(words.split())} words"
+        for line, words in _paragraphs(page.read_text())
+        if len(words.split()) > MAX_PARAGRAPH_WORDS
+    ]
+    assert not long, (
+        f"paragraphs over {MAX_PARAGRAPH_WORDS} words: {long}; open with the recipe, split the "
+        "reasoning into a list or short paragraphs, move rare cases to a reference page"
     )
