@@ -1,7 +1,8 @@
 """The documentation's shape: a short README that reaches every page of the site (``docs/``)
-within two clicks, and pages that open with the task they serve.
+within two clicks, every page in the site's navigation, pages that open with the task they
+serve, and task pages without paragraphs over 150 words.
 
-The site's own links, anchors and API references are checked by ``mkdocs build --strict``
+The site's own links, anchors and API references are checked by ``zensical build --strict``
 (``make lint``); the code blocks run through pytest-markdown-docs and ``tests/test_readme.py``.
 """
 
@@ -13,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from markdown_it import MarkdownIt
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,3 +111,31 @@ def test_task_pages_have_no_paragraph_over_150_words(page: Path) -> None:
         f"paragraphs over {MAX_PARAGRAPH_WORDS} words: {long}; open with the recipe, split the "
         "reasoning into a list or short paragraphs, move rare cases to a reference page"
     )
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """Reads mkdocs.yml, whose ``!ENV`` tags name environment variables."""
+
+
+_ConfigLoader.add_constructor("!ENV", lambda loader, node: None)
+
+
+def _nav_pages(entries: object) -> set[str]:
+    """The pages named in mkdocs.yml's ``nav``, at any depth."""
+    if isinstance(entries, str):
+        return {entries}
+    if isinstance(entries, list):
+        return set().union(*(_nav_pages(entry) for entry in entries))
+    if isinstance(entries, dict):
+        return set().union(*(_nav_pages(value) for value in entries.values()))
+    return set()
+
+
+def test_every_page_is_in_the_site_navigation() -> None:
+    """Zensical, which builds the site, does not report a page left out of ``nav`` (MkDocs's
+    ``omitted_files`` did), so this test does."""
+    config = yaml.load((REPO / "mkdocs.yml").read_text(), Loader=_ConfigLoader)
+    in_nav = _nav_pages(config["nav"])
+    pages = {str(page.relative_to(DOCS)) for page in PAGES}
+    assert pages - in_nav == set(), f"pages missing from mkdocs.yml's nav: {pages - in_nav}"
+    assert in_nav - pages == set(), f"nav entries without a page: {in_nav - pages}"
