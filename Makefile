@@ -44,13 +44,15 @@ demo: $(DEMO_STAMP)
 	$(BIN)/python -m example_project
 	@echo "Next: 'source $(VENV)/bin/activate', then snowflake-db and python -m example_project work in this shell."
 
-# The documentation site is built too (into a temporary directory): --strict turns a broken link,
-# anchor or API reference into a failure.
+# The documentation site is built too, by Zensical, into a temporary directory inside the project
+# (Zensical keeps site_dir there) and from a clean cache: --strict turns a broken link, anchor or
+# API reference into a failure.
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy --strict snowflake_db
-	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir "$$site"; \
-	status=$$?; rm -rf "$$site"; exit $$status
+	site=$$(mktemp -d .site-XXXXXX) && SITE_DIR="$$site" $(BIN)/zensical build --strict --clean \
+	>"$$site.log" 2>&1; status=$$?; [ $$status -eq 0 ] || cat "$$site.log"; \
+	rm -rf "$$site" "$$site.log"; exit $$status
 
 # pytest includes README.md and docs/ (every code block runs) and tests/test_packaging.py (sdist
 # and wheel built offline, the wheel installed into a fresh venv and smoke-tested there). The
@@ -116,7 +118,7 @@ django-suite: $(TEST_STAMP)
 
 # The documentation site (docs/, mkdocs.yml) at http://127.0.0.1:8000, rebuilt on every change.
 docs: $(TEST_STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+	$(BIN)/zensical serve
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis dist build site
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis dist build site .site-* .cache

@@ -16,7 +16,7 @@ set up by ``tests/plugins/readme.py``). Here:
 * A block in any other language (``docs/`` may also draw diagrams in ``text`` blocks), or a
   Python block marked ``notest``, fails the test.
 * The README's links resolve: its own sections, files of the repository, and the headings of
-  the ``docs/`` pages it links to (the site's own links are checked by ``mkdocs build --strict``).
+  the ``docs/`` pages it links to (the site's own links are checked by ``zensical build --strict``).
 """
 
 from __future__ import annotations
