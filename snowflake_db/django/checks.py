@@ -46,7 +46,7 @@ from django.utils.module_loading import import_string
 
 from ..errors import SnowflakeError
 from ..process import WORKER_ID_ENV, WORKER_URL_ENV
-from .columns import narrow_columns, snowflake_models
+from .columns import NarrowColumn, narrow_columns, snowflake_models
 from .conf import SnowflakeSettings, get_settings
 from .fields import SnowflakeAutoField, is_snowflake_field
 from .worker import README_SECTION
@@ -364,7 +364,7 @@ def _check_column_types(connection: Any, models: Sequence[Any] | None = None) ->
     narrow = narrow_columns(connection, models)
     pending = _pending_apps(connection) if narrow else set()
     messages: list[CheckMessage] = []
-    widened: dict[str, list[Any]] = {}
+    widened: dict[str, list[NarrowColumn]] = {}
     for column in narrow:
         fixing = sorted(column.owner_apps & pending)
         if column.is_through_key:

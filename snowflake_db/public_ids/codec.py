@@ -29,6 +29,13 @@ MAKE_A_KEY = (
     "make one with `snowflake-db public new-key` or snowflake_db.public_ids.generate_key()"
 )
 
+
+def key_length_error(label: str, length: int) -> PublicIdKeyError:
+    """The error for a key of ``length`` bytes, ``label`` naming it (and where it came from)."""
+    return PublicIdKeyError(
+        f"{label} has {length} bytes; an AES key has 16, 24 or 32 bytes ({MAKE_A_KEY})"
+    )
+
 MAX_ID = 2**63 - 1
 #: Zero bits appended to the ID before encryption: the keyed redundancy that refuses 127 of
 #: 128 numbers made with another key or namespace.
@@ -85,10 +92,7 @@ def normalize_keys(key: object) -> dict[int, bytes]:
                 f"public-ID key version {version} must be bytes, got {type(value).__name__}"
             )
         if len(value) not in AES_KEY_LENGTHS:
-            raise PublicIdKeyError(
-                f"public-ID key version {version} has {len(value)} bytes; an AES key has 16, "
-                f"24 or 32 bytes ({MAKE_A_KEY})"
-            )
+            raise key_length_error(f"public-ID key version {version}", len(value))
         keys[int(version)] = bytes(value)
     return keys
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from .._validate import require_int
 from ..errors import PublicIdKeyError, PublicIdKeysNotConfiguredError
 from ._ff1 import AES_KEY_LENGTHS
-from .codec import MAKE_A_KEY, MAX_VERSION, PublicIdCodec, normalize_keys
+from .codec import MAKE_A_KEY, MAX_VERSION, PublicIdCodec, key_length_error, normalize_keys
 
 ENV_VAR = "SNOWFLAKE_DB_PUBLIC_ID_KEYS"
 
@@ -67,10 +67,7 @@ def parse_keys(text: str, *, source: str = "public-ID keys") -> dict[int, bytes]
         if base64.urlsafe_b64encode(key).rstrip(b"=") != key_text.rstrip("=").encode():
             raise PublicIdKeyError(f"{source}: key version {version} is not URL-safe base64")
         if len(key) not in AES_KEY_LENGTHS:
-            raise PublicIdKeyError(
-                f"{source}: key version {version} has {len(key)} bytes; an AES key has 16, 24 "
-                f"or 32 bytes ({MAKE_A_KEY})"
-            )
+            raise key_length_error(f"{source}: key version {version}", len(key))
         keys[version] = key
     return normalize_keys(keys)
 
