@@ -28,7 +28,7 @@ venv=.venv/django6-py312
 stamp="$venv/.installed-stamp"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     if [ -x .venv/bin/uv ]; then  # make test's venv has uv: seconds instead of half a minute
-        .venv/bin/uv venv --quiet --python "$python312" "$venv"
+        .venv/bin/uv venv --quiet --clear --python "$python312" "$venv"
         .venv/bin/uv pip install --quiet --python "$venv/bin/python" -e '.[test]' 'Django>=6.0,<7'
     else
         "$python312" -m venv "$venv"

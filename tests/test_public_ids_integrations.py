@@ -258,3 +258,40 @@ def test_cli_new_key_makes_a_working_key() -> None:
     assert run("new-key", "--version", "32").returncode == 2
     with pytest.raises(PublicIdError):
         PublicIdCodec(parse_keys(text), namespace="orders").decode(mistyped(number))
+
+
+def test_cli_messages_name_the_action_and_the_command_that_makes_a_key() -> None:
+    """Every error of an action starts with the same prefix (usage mistakes and refused
+    input alike), and the messages about keys name `public new-key`, as help and docs do."""
+    number = codec_for("orders").encode(12345)
+    short_key = "1:" + "A" * 14  # 10 bytes of base64: no AES key length
+    cases = {
+        "decode": [
+            (run("decode", number), "the following arguments are required: --namespace"),
+            (run("decode", "--namespace", "orders", "ABC"), "'ABC'"),
+            (run("decode", "--namespace", "orders", number, env_keys=None),
+             "snowflake-db public new-key"),
+        ],
+        "encode": [
+            (run("encode", "12345"), "the following arguments are required: --namespace"),
+            (run("encode", "--namespace", "orders", "-5"), "'-5'"),
+            (run("encode", "--namespace", "orders", "12345", env_keys=short_key),
+             "key version 1 has 10 bytes; an AES key has 16, 24 or 32 bytes (make one with "
+             "`snowflake-db public new-key`"),
+            (run("encode", "--namespace", "orders", "12345", env_keys=" "),
+             "the output of `snowflake-db public new-key`"),
+        ],
+    }
+    for action, results in cases.items():
+        for result, reason in results:
+            assert result.returncode == 2 and result.stdout == "", result
+            lines = result.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith(
+                f"snowflake-db public {action}: error: "), result.stderr
+            assert reason in lines[0], result.stderr
+            assert "generate-key" not in lines[0], result.stderr
+    missing_keys = run("encode", "--namespace", "orders", "1", env_keys=short_key).stderr
+    assert "SNOWFLAKE_DB_PUBLIC_ID_KEYS" in missing_keys  # the source of the bad key
+    help_text = subprocess.run([str(SCRIPT), "public", "decode", "--help"], check=True,
+                               capture_output=True, text=True, timeout=60).stdout
+    assert "the namespace the numbers were made for" in help_text

@@ -140,11 +140,14 @@ def _env(venv: Path) -> dict[str, str]:
     return env
 
 
-def test_the_testclient_block_runs(venv: Path, tmp_path: Path) -> None:
+def test_the_testclient_block_runs_without_a_warning(venv: Path, tmp_path: Path) -> None:
+    """Every warning is an error here: with only the extra installed, Starlette's test client
+    must find the library it wants (httpx2), not warn that httpx is deprecated."""
     app, _, client = _quick_start()
     (tmp_path / "app.py").write_text(app)
     (tmp_path / "client.py").write_text(f"from app import *  # noqa\n{client}\nprint('ok')\n")
-    assert run(venv / "bin" / "python", "client.py", cwd=tmp_path, env=_env(venv)) == "ok\n"
+    python = venv / "bin" / "python"
+    assert run(python, "-W", "error", "client.py", cwd=tmp_path, env=_env(venv)) == "ok\n"
 
 
 def test_uvicorn_serves_the_app_as_written(venv: Path, tmp_path: Path) -> None:
@@ -172,6 +175,8 @@ def test_uvicorn_serves_the_app_as_written(venv: Path, tmp_path: Path) -> None:
                 time.sleep(0.2)
         assert isinstance(created["id"], str) and int(created["id"]) > 2**53
         assert created["total_cents"] == 1250
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/orders", timeout=5) as response:
+            assert json.loads(response.read())[0] == created  # GET, newest first
     finally:
         server.terminate()
         output = server.communicate(timeout=30)[0]

@@ -85,7 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "?"
     try:
         args = parser.parse_args(argv)
-        command = args.command
+        # A command with actions names the action too, as argparse's usage errors do.
+        command = getattr(args, "command_path", args.command)
         status = int(args.handler(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return status

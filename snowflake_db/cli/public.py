@@ -75,19 +75,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     encode = commands.add_parser("encode", help="the public numbers of Snowflake IDs")
     encode.add_argument("values", nargs="+", metavar="ID", help="decimal IDs; - reads stdin")
     encode.add_argument("--namespace", required=True, metavar="NS",
-                        help="what the numbers count, e.g. orders")
+                        help="what the numbers count, e.g. orders (part of the key: decode "
+                        "needs the same one)")
     encode.add_argument("--group", type=int, default=None, metavar="N",
                         help="hyphen every N symbols for display (e.g. 4)")
-    encode.set_defaults(handler=_encode)
+    encode.set_defaults(handler=_encode, command_path="public encode")
 
     decode = commands.add_parser("decode", help="the Snowflake IDs of public numbers")
     decode.add_argument("values", nargs="+", metavar="NUMBER",
                         help="public numbers (any case, hyphens allowed); - reads stdin")
-    decode.add_argument("--namespace", required=True, metavar="NS")
-    decode.set_defaults(handler=_decode)
+    decode.add_argument("--namespace", required=True, metavar="NS",
+                        help="the namespace the numbers were made for, e.g. orders")
+    decode.set_defaults(handler=_decode, command_path="public decode")
 
     new_key = commands.add_parser("new-key", aliases=["generate-key"],
                                   help="print a new random key in the environment's format")
     new_key.add_argument("--version", type=int, default=1, metavar="V",
                          help="key version 0-31 (default 1; rotate with a higher one)")
-    new_key.set_defaults(handler=_new_key)
+    new_key.set_defaults(handler=_new_key, command_path="public new-key")

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from django.apps import AppConfig
+from django.conf import settings
 
 if TYPE_CHECKING:
     from ..generator import SnowflakeGenerator
@@ -35,6 +40,13 @@ class SnowflakeDbConfig(AppConfig):
     verbose_name = "Snowflake IDs"
     default_auto_field = "django.db.models.BigAutoField"
 
+    def __init__(self, app_name: str, app_module: ModuleType | None) -> None:
+        super().__init__(app_name, app_module)
+        # Before any models module loads a database backend (Django's first app-loading
+        # phase), so a MariaDB user without mysqlclient reads how to use PyMySQL instead of
+        # "Did you install mysqlclient?".
+        require_mysqldb(settings.DATABASES)
+
     def ready(self) -> None:
         from django.core.exceptions import ImproperlyConfigured
         from django.db.models.signals import post_migrate
@@ -58,6 +70,31 @@ class SnowflakeDbConfig(AppConfig):
             return
         apply_public_id_keys(conf)
         configure_once(conf)
+
+
+#: Django's backends that import MySQLdb (mysqlclient, or PyMySQL installed under its name).
+MYSQLDB_BACKENDS = ("django.db.backends.mysql", "django.contrib.gis.db.backends.mysql")
+
+
+def require_mysqldb(databases: Mapping[str, Mapping[str, Any]]) -> None:
+    """Raise ``ImproperlyConfigured`` saying what to do when a database uses Django's MySQL
+    backend and ``MySQLdb`` cannot be imported; nothing otherwise."""
+    aliases = [alias for alias, entry in databases.items()
+               if entry.get("ENGINE") in MYSQLDB_BACKENDS]
+    if not aliases or "MySQLdb" in sys.modules or importlib.util.find_spec("MySQLdb"):
+        return
+    from django.core.exceptions import ImproperlyConfigured
+
+    uses = f"DATABASES[{aliases[0]!r}] uses Django's MySQL backend, which imports MySQLdb"
+    if importlib.util.find_spec("pymysql") is None:
+        raise ImproperlyConfigured(
+            f"{uses}: install PyMySQL (pip install 'snowflake-db[mysql]') or mysqlclient"
+        )
+    raise ImproperlyConfigured(
+        f"{uses}, and mysqlclient is not installed: to use PyMySQL (the 'mysql' extra), put "
+        "'import pymysql; pymysql.install_as_MySQLdb()' at the top of settings.py (Django "
+        "quick start, 'On MariaDB or MySQL')"
+    )
 
 
 def configure_once(conf: SnowflakeSettings) -> bool:

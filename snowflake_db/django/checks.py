@@ -14,8 +14,8 @@
                               while models have Snowflake keys
 ``snowflake_db.E010``         a Snowflake column (or a foreign key to one) is not 64-bit in the DB,
                               and no pending migration changes it
-``snowflake_db.W010``         the same, for a column that ``migrate`` widens (a pending migration,
-                              or an auto-created many-to-many key): never blocks ``migrate``
+``snowflake_db.I010``         the columns ``migrate`` widens (a pending migration, or an
+                              auto-created many-to-many key), named in one message
 ``snowflake_db.E011``         existing IDs decode to the future: epoch or layout changed
 ``snowflake_db.E013``         ``SNOWFLAKE_SHARD_ROUTER``'s layout is not ``SNOWFLAKE_DB["LAYOUT"]``
 ============================  =================================================================
@@ -39,14 +39,14 @@ from typing import Any
 import django
 from django.apps import apps
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Info, Tags, Warning, register
 from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
 from django.db import DatabaseError, connections, router
 from django.utils.module_loading import import_string
 
 from ..errors import SnowflakeError
 from ..process import WORKER_ID_ENV, WORKER_URL_ENV
-from .columns import narrow_columns, snowflake_models
+from .columns import NarrowColumn, narrow_columns, snowflake_models
 from .conf import SnowflakeSettings, get_settings
 from .fields import SnowflakeAutoField, is_snowflake_field
 from .worker import README_SECTION
@@ -356,43 +356,55 @@ def _pending_apps(connection: Any) -> set[str]:
 
 
 def _check_column_types(connection: Any, models: Sequence[Any] | None = None) -> list[CheckMessage]:
-    """E010 for a narrow column that ``migrate`` will not fix; W010 for one it will (a pending
-    migration of the app that owns it, or an auto-created many-to-many key, which
-    :mod:`.widening` alters after ``migrate``): the check never blocks the migration that
-    repairs what it reports."""
+    """E010 for each narrow column that ``migrate`` will not fix; one I010 naming all those it
+    will (a pending migration of the app that owns it, or an auto-created many-to-many key,
+    which :mod:`.widening` alters after ``migrate``). ``migrate`` runs these checks before it
+    repairs what they find: it says once what it is about to widen, and neither blocks nor
+    warns about its own work."""
     narrow = narrow_columns(connection, models)
     pending = _pending_apps(connection) if narrow else set()
     messages: list[CheckMessage] = []
+    widened: dict[str, list[NarrowColumn]] = {}
     for column in narrow:
-        where = (
-            f"{column.what}: column {column.table}.{column.column} on database "
-            f"{connection.alias!r} is {column.db_type}, which cannot hold a 64-bit Snowflake ID"
-        )
         fixing = sorted(column.owner_apps & pending)
-        if column.is_through_key or fixing:
-            by = (
-                f"the pending migrations of {', '.join(fixing)}"
-                if fixing
-                else "snowflake_db after migrating (auto-created many-to-many keys)"
-            )
+        if column.is_through_key:
+            by = "snowflake_db after migrating (auto-created many-to-many keys)"
+        elif fixing:
+            by = f"the pending migrations of {', '.join(fixing)}"
+        else:
             messages.append(
-                Warning(
-                    f"{where}; `migrate` widens it ({by})",
-                    hint="Run `manage.py migrate`. Until then MySQL/MariaDB writes of "
-                    "Snowflake keys on this database are refused (NarrowColumnError).",
+                Error(
+                    f"{column.what}: column {column.table}.{column.column} on database "
+                    f"{connection.alias!r} is {column.db_type}, which cannot hold a 64-bit "
+                    "Snowflake ID",
+                    hint="Run `manage.py makemigrations` then `manage.py migrate`; for a table "
+                    "Django does not manage, widen the column by hand (see the docs page "
+                    "'Converting an existing Django project', docs/converting/django.md).",
                     obj=column.model,
-                    id="snowflake_db.W010",
+                    id="snowflake_db.E010",
                 )
             )
             continue
+        widened.setdefault(by, []).append(column)
+    if widened:
+        columns = [column for group in widened.values() for column in group]
+        types = {column.db_type for column in columns}
+        one_type = f" {types.pop()}" if len(types) == 1 else ""
+        listed = "; ".join(
+            f"by {by}: " + ", ".join(
+                f"{c.table}.{c.column}" + ("" if one_type else f" ({c.db_type})") for c in group
+            )
+            for by, group in widened.items()
+        )
         messages.append(
-            Error(
-                where,
-                hint="Run `manage.py makemigrations` then `manage.py migrate`; for a table "
-                "Django does not manage, widen the column by hand (see the docs page "
-                "'Converting an existing Django project', docs/converting/django.md).",
-                obj=column.model,
-                id="snowflake_db.E010",
+            Info(
+                f"`migrate` widens {len(columns)}{one_type} column(s) to 64 bits for Snowflake "
+                f"IDs, {listed}",
+                hint="Nothing to do during `migrate`: it is what widens them. Until it has "
+                "run, MySQL/MariaDB writes of Snowflake keys to these columns are refused "
+                "(NarrowColumnError).",
+                obj=f"database {connection.alias!r}",
+                id="snowflake_db.I010",
             )
         )
     return messages

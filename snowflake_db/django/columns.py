@@ -1,6 +1,6 @@
 """Which columns that hold Snowflake keys are narrower than 64 bits in a database.
 
-One answer for three users: the system checks (``snowflake_db.E010``/``W010``), the widening of
+One answer for three users: the system checks (``snowflake_db.E010``/``I010``), the widening of
 auto-created many-to-many keys after ``migrate`` (:mod:`.widening`), and the write guard on
 MySQL/MariaDB (:func:`require_wide_columns`), where ``INSERT IGNORE`` (many-to-many ``add()``,
 ``bulk_create(ignore_conflicts=True)``) or a non-strict ``sql_mode`` turn an out-of-range key

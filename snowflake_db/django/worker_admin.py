@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import display_for_value
 from django.db import connections
 from django.db.models import BigIntegerField, F, Value
 
@@ -46,8 +47,12 @@ def database_now_ms(alias: str) -> int:
         return int(cursor.fetchone()[0])
 
 
-def _as_datetime(ms: int | None) -> datetime | None:
-    return None if not ms else datetime.fromtimestamp(ms / 1000, tz=UTC)
+def _shown_time(ms: int | None, model_admin: admin.ModelAdmin[Any]) -> str:
+    """A Unix-ms column as the change list shows a datetime: localised, in the current time
+    zone, ``-`` when unset. Returned as text because the change form shows a method's raw
+    ``str()`` (``2024-01-01 00:00:00+00:00``) where the list localises it."""
+    moment = None if not ms else datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return str(display_for_value(moment, model_admin.get_empty_value_display()))
 
 
 class _ReadOnly:
@@ -185,12 +190,12 @@ class WorkerSlotAdmin(_ReadOnly, admin.ModelAdmin):
         return f"{(obj.now_ms - obj.renewed_at_ms) / 1000:.1f} s ago"
 
     @admin.display(description="acquired")
-    def acquired(self, obj: WorkerSlot) -> datetime | None:
-        return _as_datetime(obj.acquired_at_ms)
+    def acquired(self, obj: WorkerSlot) -> str:
+        return _shown_time(obj.acquired_at_ms, self)
 
     @admin.display(description="high-water mark", ordering="high_water_ms")
-    def high_water(self, obj: WorkerSlot) -> datetime | None:
-        return _as_datetime(obj.high_water_ms)
+    def high_water(self, obj: WorkerSlot) -> str:
+        return _shown_time(obj.high_water_ms, self)
 
     # -- the action --------------------------------------------------------------------------
 
@@ -228,8 +233,8 @@ class WorkerRegistrationAdmin(_ReadOnly, admin.ModelAdmin):
     readonly_fields = fields
 
     @admin.display(description="started", ordering="started_at_ms")
-    def started(self, obj: WorkerRegistration) -> datetime | None:
-        return _as_datetime(obj.started_at_ms)
+    def started(self, obj: WorkerRegistration) -> str:
+        return _shown_time(obj.started_at_ms, self)
 
 
 def register(site: Any = None) -> None:

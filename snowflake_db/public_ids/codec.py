@@ -23,6 +23,19 @@ from ..errors import InvalidIdError, PublicIdError, PublicIdKeyError
 from ._ff1 import AES_KEY_LENGTHS, ROUNDS, aes_block_function, header_block
 from ._symbols import encode80, group, read, shown, syndrome16
 
+#: Where a user gets a key: the command first (it prints the text form the environment
+#: variable takes), the function for code.
+MAKE_A_KEY = (
+    "make one with `snowflake-db public new-key` or snowflake_db.public_ids.generate_key()"
+)
+
+
+def key_length_error(label: str, length: int) -> PublicIdKeyError:
+    """The error for a key of ``length`` bytes, ``label`` naming it (and where it came from)."""
+    return PublicIdKeyError(
+        f"{label} has {length} bytes; an AES key has 16, 24 or 32 bytes ({MAKE_A_KEY})"
+    )
+
 MAX_ID = 2**63 - 1
 #: Zero bits appended to the ID before encryption: the keyed redundancy that refuses 127 of
 #: 128 numbers made with another key or namespace.
@@ -79,10 +92,7 @@ def normalize_keys(key: object) -> dict[int, bytes]:
                 f"public-ID key version {version} must be bytes, got {type(value).__name__}"
             )
         if len(value) not in AES_KEY_LENGTHS:
-            raise PublicIdKeyError(
-                f"public-ID key version {version} has {len(value)} bytes; an AES key has 16, "
-                "24 or 32 bytes (generate one with snowflake_db.public_ids.generate_key())"
-            )
+            raise key_length_error(f"public-ID key version {version}", len(value))
         keys[int(version)] = bytes(value)
     return keys
 

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 
 from .._validate import require_int
 from ..errors import PublicIdKeyError, PublicIdKeysNotConfiguredError
-from .codec import MAX_VERSION, PublicIdCodec, normalize_keys
+from ._ff1 import AES_KEY_LENGTHS
+from .codec import MAKE_A_KEY, MAX_VERSION, PublicIdCodec, key_length_error, normalize_keys
 
 ENV_VAR = "SNOWFLAKE_DB_PUBLIC_ID_KEYS"
 
@@ -44,7 +45,7 @@ def parse_keys(text: str, *, source: str = "public-ID keys") -> dict[int, bytes]
     if not entries:
         raise PublicIdKeyError(
             f"{source} is empty; expected '<version>:<base64 key>' entries joined by commas, "
-            "e.g. the output of `snowflake-db public generate-key`"
+            "e.g. the output of `snowflake-db public new-key`"
         )
     for position, entry in enumerate(entries, 1):
         version_text, colon, key_text = entry.partition(":")
@@ -65,6 +66,8 @@ def parse_keys(text: str, *, source: str = "public-ID keys") -> dict[int, bytes]
             ) from None
         if base64.urlsafe_b64encode(key).rstrip(b"=") != key_text.rstrip("=").encode():
             raise PublicIdKeyError(f"{source}: key version {version} is not URL-safe base64")
+        if len(key) not in AES_KEY_LENGTHS:
+            raise key_length_error(f"{source}: key version {version}", len(key))
         keys[version] = key
     return normalize_keys(keys)
 
@@ -134,8 +137,7 @@ def codec_for(namespace: str) -> PublicIdCodec:
 
 _NOT_CONFIGURED = (
     "no public-ID keys are configured: set the environment variable "
-    f"{ENV_VAR}='1:<key>' (make one with `snowflake-db public generate-key` or "
-    "snowflake_db.public_ids.generate_key()), or call "
+    f"{ENV_VAR}='1:<key>' ({MAKE_A_KEY}), or call "
     "snowflake_db.public_ids.configure_public_ids(...) at start-up (Django: the "
     "SNOWFLAKE_DB setting); keep keys out of code"
 )

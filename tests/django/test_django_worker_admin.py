@@ -9,12 +9,14 @@ import os
 import re
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 from django.contrib import admin
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.test import Client
+from django.utils import formats, timezone
 
 from snowflake_db.django.models import WorkerRegistration, WorkerSlot
 from snowflake_db.django.worker import sqlalchemy_url
@@ -192,3 +194,21 @@ def test_pages_need_django_contrib_admin() -> None:
                             timeout=120, check=False, cwd=root)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_change_forms_show_times_as_the_lists_do(tx_backend: str) -> None:
+    """The list localises a datetime; a read-only field of the change form shows a method's
+    value as it is, so the methods hand both the same localised text."""
+    _slots()
+    client = _admin_client()
+    shown = formats.localize(timezone.template_localtime(datetime(2024, 1, 1, tzinfo=UTC)))
+    assert "2024" in shown and "+00:00" not in shown
+    assert shown in _rows(client.get(SLOTS_URL).content.decode())["1"]
+    slot_form = client.get(f"{SLOTS_URL}1/change/").content.decode()
+    assert shown in slot_form and "2024-01-01 00:00:00" not in slot_form
+    assert "+00:00" not in slot_form
+    free_form = client.get(f"{SLOTS_URL}3/change/").content.decode()  # never acquired
+    assert "None" not in re.sub(r"<script.*?</script>", "", free_form, flags=re.S)
+    assert shown in client.get(REGISTRATIONS_URL).content.decode()
+    registration_form = client.get(f"{REGISTRATIONS_URL}10/change/").content.decode()
+    assert shown in registration_form and "+00:00" not in registration_form
