@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import math
 import multiprocessing
 import os
 import sys
@@ -59,6 +58,7 @@ from lease_judge import (
     lease_records,
     measure_offset_us,
     merge_intervals,
+    server_moments,
 )
 from sqlalchemy import create_engine
 
@@ -202,7 +202,7 @@ class ProcessResult:
     clock_offset_ns: int
     offset_us: tuple[int, int]  # its clock minus the database's (the larger of two), uncertainty
     applied: list[tuple[int, float, float]]
-    trace: list[tuple[str, float, float, float, float, float]]
+    trace: list[dict[str, Any]]
 
     @property
     def fenced_seconds(self) -> float:
@@ -403,31 +403,52 @@ def judge(
     return checks, missed
 
 
-def print_fences(results: list[ProcessResult], lease_seconds: float, shown: int = 6) -> None:
-    """Diagnostics for a fence in the healthy phase: the renewal that came too late."""
-    fences = [(fence, result) for result in results for fence in result.fences]
+def print_fences(
+    results: list[ProcessResult],
+    lease_seconds: float,
+    moments: dict[int, list[tuple[int, str]]],
+    shown: int = 6,
+) -> None:
+    """Diagnostics for the fences of the healthy phase: the renewal that came too late, and
+    where its time went (ms between the moments the trace recorded; ``written`` and
+    ``committing`` are the database's, mapped to the process's clock by the measured offset)."""
+    fences: list[tuple[tuple[float, float, bool], ProcessResult]] = []
+    for result in results:
+        for fence in result.fences:  # each thread records the same fence: keep the first
+            if not any(r is result and abs(f[0] - fence[0]) < 0.5 for f, r in fences):
+                fences.append((fence, result))
     if not fences:
         return
     running = sum(1 for (_, _, in_flight), _ in fences if in_flight)
     print(f"fences: {len(fences)}, {running} with a renewal in flight at the first error")
     renew_every = lease_seconds / 3
     valid_for = lease_seconds - lease_seconds / 5
+    steps = ("called", "update", "updated", "skew", "skewed", "answered", "applied")
     for (at, deadline, _), result in fences[:shown]:
         due = deadline - valid_for + renew_every
         print(
-            f"  process {result.index}: fenced {1000 * (at - deadline):+.0f} ms past the "
-            f"deadline, {at - due:.2f} s after the renewal was due"
+            f"  process {result.index}: first error {1000 * (at - deadline):+.0f} ms from the "
+            f"deadline, {at - due:.2f} s after the renewal was due; renewals since:"
         )
-        for thread, called, begun, ended, applied, before in result.trace:
-            if called < at + 1.0 and (math.isnan(applied) or applied > due - 0.1):
-                if called < due - 0.5 or before < deadline - 0.01:
-                    continue  # an earlier period's renewal
-                print(
-                    f"    {thread}: called {called - due:+.3f} s after due, statement "
-                    f"{1000 * (begun - called):.0f} ms after the call, took "
-                    f"{1000 * (ended - begun):.0f} ms, applied {1000 * (applied - ended):.0f} "
-                    f"ms after it ({1000 * (applied - at):+.0f} ms from the fence)"
-                )
+        for renewal in result.trace:
+            if renewal["deadline"] < deadline - 0.01 or renewal["called"] > at + 1.0:
+                continue  # an earlier period's renewal, or a later one
+            times = [(step, renewal[step]) for step in steps if step in renewal]
+            offset_s = (result.offset_us[0] * 1000 - result.clock_offset_ns) / 1e9
+            start, end = times[0][1], times[-1][1]
+            for at_us, kind in moments.get(result.pid, []):
+                moment = at_us / 1e6 + offset_s  # database time on this process's clock
+                if start <= moment <= end + 0.01:
+                    times.append((kind, moment))
+            times.sort(key=lambda step_moment: step_moment[1])
+            gaps = ", ".join(
+                f"{step} +{1000 * (moment - previous):.0f}"
+                for (_, previous), (step, moment) in pairwise(times)
+            )
+            print(
+                f"    {renewal['thread']}: called {renewal['called'] - due:+.3f} s after due; "
+                f"{gaps}; ends {1000 * (times[-1][1] - at):+.0f} ms from the first error"
+            )
 
 
 def load_average() -> str:
@@ -457,11 +478,17 @@ def healthy_phase(args: argparse.Namespace, out: str) -> list[str]:
             out=out,
         )
         records = read_lease_records(url, stopped_us=0)
+        engine = create_engine(url)
+        try:
+            with engine.connect() as connection:
+                moments = server_moments(connection)
+        finally:
+            engine.dispose()
     print(f"load average after: {load_average()}")
     print_table(results)
     duplicates, unordered, errors = print_totals(results, with_fenced=True)
     missed = [f"healthy: {miss}" for miss in judge(results, records)[1]]
-    print_fences(results, args.lease_seconds)
+    print_fences(results, args.lease_seconds, moments)
     if errors.get("LeaseExpiredError", 0):
         missed.append(f"healthy: {errors['LeaseExpiredError']} LeaseExpiredError (target 0)")
     other = sum(count for name, count in errors.items() if name != "LeaseExpiredError")

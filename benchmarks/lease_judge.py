@@ -28,7 +28,8 @@ from typing import Any
 from sqlalchemy import text
 
 from snowflake_db import DEFAULT_LAYOUT
-from snowflake_db.worker import TableLease
+from snowflake_db.metrics import MetricsRecorder
+from snowflake_db.worker import TableLease, clock_skew
 from snowflake_db.worker.keeper import LeaseKeeper
 from snowflake_db.worker.store import WorkerStore
 
@@ -47,7 +48,19 @@ BEGIN
 END $$;
 CREATE TRIGGER log_lease AFTER INSERT OR UPDATE ON snowflake_worker_slots
     FOR EACH ROW EXECUTE FUNCTION log_lease();
+CREATE TABLE commit_log (worker_id integer, pid integer, committing_at_us bigint);
+CREATE FUNCTION log_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO commit_log VALUES (
+        NEW.worker_id, NEW.pid,
+        CAST(FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000) AS BIGINT));
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER log_commit AFTER INSERT OR UPDATE ON snowflake_worker_slots
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION log_commit();
 """
+"""The lease rows as written (``lease_log``) and the moment each of their transactions began
+to commit (``commit_log``: a deferred trigger runs at COMMIT, before the WAL is flushed)."""
 
 _DB_NOW_US = text("SELECT CAST(FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000) AS BIGINT)")
 
@@ -93,16 +106,23 @@ class RenewalTrace:
 
     #: (worker ID, applied at, local deadline set): before the generator could see it.
     applied: list[tuple[int, float, float]] = field(default_factory=list)
-    #: (thread, called, statement start, statement end or nan, applied or nan, lease deadline
-    #: before the call): every renewal attempt.
-    renewals: list[tuple[str, float, float, float, float, float]] = field(default_factory=list)
+    #: Every renewal attempt: its thread, the lease's deadline before it, and when it was
+    #: ``called``, its UPDATE began and ended (``update``, ``updated``), its clock reading
+    #: (``skew``, ``skewed``), the commit returned (``answered``) and it was ``applied``.
+    renewals: list[dict[str, Any]] = field(default_factory=list)
 
     def install(self) -> None:
         """Record from now on (in this process only: call it in the forked load process)."""
         trace = self
         original_init, original_renewed = TableLease.__init__, TableLease.renewed
-        original_renew, original_statement = LeaseKeeper.renew, WorkerStore.renew
+        original_renew, original_update = LeaseKeeper.renew, WorkerStore.renew
+        original_measure, original_answered = clock_skew.measure, MetricsRecorder.renewal_answered
         local = threading.local()
+
+        def moment(name: str) -> None:
+            current = getattr(local, "current", None)
+            if current is not None:
+                current[name] = time.monotonic()
 
         def init(lease: TableLease, **kwargs: Any) -> None:
             applied = time.monotonic()
@@ -110,41 +130,64 @@ class RenewalTrace:
             trace.applied.append((lease.worker_id, applied, lease.valid_until))
 
         def renewed(lease: TableLease, **kwargs: Any) -> None:
-            local.applied = applied = time.monotonic()
+            moment("applied")
+            applied = time.monotonic()
             original_renewed(lease, **kwargs)
             trace.applied.append((lease.worker_id, applied, lease.valid_until))
 
-        def statement(store: WorkerStore, connection: Any, **kwargs: Any) -> bool:
-            local.statement_start = time.monotonic()
+        def update(store: WorkerStore, connection: Any, **kwargs: Any) -> bool:
+            moment("update")
             try:
-                return bool(original_statement(store, connection, **kwargs))
+                return bool(original_update(store, connection, **kwargs))
             finally:
-                local.statement_end = time.monotonic()
+                moment("updated")
+
+        def measure(*args: Any, **kwargs: Any) -> clock_skew.ClockSkew:
+            moment("skew")
+            try:
+                return original_measure(*args, **kwargs)
+            finally:
+                moment("skewed")
+
+        def answered(recorder: MetricsRecorder, *args: Any, **kwargs: Any) -> None:
+            moment("answered")
+            original_answered(recorder, *args, **kwargs)
 
         def renew(keeper: LeaseKeeper, lease: TableLease) -> None:
-            local.statement_start = local.statement_end = local.applied = math.nan
-            called, deadline = time.monotonic(), lease.valid_until
+            local.current = current = {
+                "thread": threading.current_thread().name,
+                "deadline": lease.valid_until,
+                "called": time.monotonic(),
+            }
             try:
                 original_renew(keeper, lease)
             finally:
-                trace.renewals.append(
-                    (
-                        threading.current_thread().name,
-                        called,
-                        local.statement_start,
-                        local.statement_end,
-                        local.applied,
-                        deadline,
-                    )
-                )
+                local.current = None
+                trace.renewals.append(current)
 
         TableLease.__init__ = init  # type: ignore[method-assign,assignment]
         TableLease.renewed = renewed  # type: ignore[method-assign,assignment]
         LeaseKeeper.renew = renew  # type: ignore[method-assign,assignment]
-        WorkerStore.renew = statement  # type: ignore[method-assign,assignment]
+        WorkerStore.renew = update  # type: ignore[method-assign,assignment]
+        clock_skew.measure = measure
+        MetricsRecorder.renewal_answered = answered  # type: ignore[method-assign,assignment]
 
 
 # -- judging -------------------------------------------------------------------------------------
+
+
+def server_moments(connection: Any) -> dict[int, list[tuple[int, str]]]:
+    """Per process ID, (database µs, ``"written"`` or ``"committing"``) of each lease write."""
+    rows = connection.execute(
+        text(
+            "SELECT pid, written_at_us, 'written' FROM lease_log UNION ALL "
+            "SELECT pid, committing_at_us, 'committing' FROM commit_log"
+        )
+    ).all()
+    moments: dict[int, list[tuple[int, str]]] = {}
+    for pid, at_us, kind in rows:
+        moments.setdefault(pid, []).append((at_us, kind))
+    return {pid: sorted(found) for pid, found in moments.items()}
 
 
 @dataclass
