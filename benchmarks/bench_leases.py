@@ -166,6 +166,7 @@ def _process(index: int, url: str, args: dict[str, Any], queues: tuple[Any, Any,
             "offset_us": max(offsets, key=lambda offset: abs(offset[0]) + offset[1]),
             "applied": trace.applied,
             "trace": trace.renewals,
+            "waits": trace.waits,
             "error": None,
         }
         gen.close()
@@ -203,6 +204,7 @@ class ProcessResult:
     offset_us: tuple[int, int]  # its clock minus the database's (the larger of two), uncertainty
     applied: list[tuple[int, float, float]]
     trace: list[dict[str, Any]]
+    waits: list[tuple[float, float]]
 
     @property
     def fenced_seconds(self) -> float:
@@ -266,6 +268,7 @@ def run_load(
                 offset_us=report["offset_us"],
                 applied=report["applied"],
                 trace=report["trace"],
+                waits=report["waits"],
             )
         )
     return out_results, started_at
@@ -445,9 +448,19 @@ def print_fences(
                 f"{step} +{1000 * (moment - previous):.0f}"
                 for (_, previous), (step, moment) in pairwise(times)
             )
+            last = [step for step in steps if step in renewal][-1]
+            cpu = renewal[f"{last}:cpu"] - renewal["called:cpu"]
+            queued = renewal[f"{last}:queued"] - renewal["called:queued"]
+            held = sum(
+                max(0.0, min(end, times[-1][1]) - max(begin, start))
+                for begin, end in result.waits
+            )
             print(
                 f"    {renewal['thread']}: called {renewal['called'] - due:+.3f} s after due; "
-                f"{gaps}; ends {1000 * (times[-1][1] - at):+.0f} ms from the first error"
+                f"{gaps}; ends {1000 * (times[-1][1] - at):+.0f} ms from the first error; "
+                f"callers held {1000 * held:.0f} ms of it; the renewing thread ran "
+                f"{1000 * cpu:.0f} ms and waited {1000 * queued:.0f} ms for a CPU (the rest: "
+                "for the GIL, a lock or the database)"
             )
 
 

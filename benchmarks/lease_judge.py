@@ -30,6 +30,7 @@ from sqlalchemy import text
 from snowflake_db import DEFAULT_LAYOUT
 from snowflake_db.metrics import MetricsRecorder
 from snowflake_db.worker import TableLease, clock_skew
+from snowflake_db.worker.caller_renewal import CallerRenewal
 from snowflake_db.worker.keeper import LeaseKeeper
 from snowflake_db.worker.store import WorkerStore
 
@@ -110,6 +111,8 @@ class RenewalTrace:
     #: ``called``, its UPDATE began and ended (``update``, ``updated``), its clock reading
     #: (``skew``, ``skewed``), the commit returned (``answered``) and it was ``applied``.
     renewals: list[dict[str, Any]] = field(default_factory=list)
+    #: (start, end) of every caller's wait in ``renew_if_due`` (the generator is held).
+    waits: list[tuple[float, float]] = field(default_factory=list)
 
     def install(self) -> None:
         """Record from now on (in this process only: call it in the forked load process)."""
@@ -123,6 +126,7 @@ class RenewalTrace:
             current = getattr(local, "current", None)
             if current is not None:
                 current[name] = time.monotonic()
+                current[f"{name}:cpu"], current[f"{name}:queued"] = _thread_times()
 
         def init(lease: TableLease, **kwargs: Any) -> None:
             applied = time.monotonic()
@@ -159,18 +163,39 @@ class RenewalTrace:
                 "deadline": lease.valid_until,
                 "called": time.monotonic(),
             }
+            current["called:cpu"], current["called:queued"] = _thread_times()
             try:
                 original_renew(keeper, lease)
             finally:
                 local.current = None
                 trace.renewals.append(current)
 
+        original_wait = CallerRenewal.__call__
+
+        def wait(renewal: CallerRenewal, lease: TableLease) -> None:
+            start = time.monotonic()
+            try:
+                original_wait(renewal, lease)
+            finally:
+                trace.waits.append((start, time.monotonic()))
+
+        CallerRenewal.__call__ = wait  # type: ignore[method-assign,assignment]
         TableLease.__init__ = init  # type: ignore[method-assign,assignment]
         TableLease.renewed = renewed  # type: ignore[method-assign,assignment]
         LeaseKeeper.renew = renew  # type: ignore[method-assign,assignment]
         WorkerStore.renew = update  # type: ignore[method-assign,assignment]
         clock_skew.measure = measure
         MetricsRecorder.renewal_answered = answered  # type: ignore[method-assign,assignment]
+
+
+def _thread_times() -> tuple[float, float]:
+    """This thread's CPU time and its time waiting for a CPU on a run queue (s, Linux)."""
+    try:
+        with open("/proc/thread-self/schedstat") as file:
+            on_cpu, queued, _ = file.read().split()
+        return int(on_cpu) / 1e9, int(queued) / 1e9
+    except OSError:
+        return math.nan, math.nan
 
 
 # -- judging -------------------------------------------------------------------------------------
