@@ -30,9 +30,27 @@ logger = logging.getLogger("snowflake_db.worker")
 class CallerRenewal:
     """``lease.renew_if_due`` found the lease due: renew it now and wait, bounded."""
 
-    def __init__(self, renew: Callable[[TableLease], None], *, wait_seconds: float) -> None:
+    def __init__(
+        self,
+        renew: Callable[[TableLease], None],
+        *,
+        wait_seconds: float,
+        hold_seconds: float = 0.0,
+    ) -> None:
         self._renew = renew
         self.wait_seconds = wait_seconds
+        #: Within this much of the local deadline, a caller waits for the running renewal
+        #: until the deadline rather than for ``wait_seconds``.
+        self.hold_seconds = hold_seconds
+
+    def _wait_seconds(self, lease: TableLease) -> float:
+        """How long to wait for the running renewal: ``wait_seconds``, or until the local
+        deadline once it is within ``hold_seconds`` (issuing meanwhile would take the CPU and
+        the GIL from the renewal that keeps the lease valid)."""
+        remaining = lease.valid_until - time.monotonic()
+        if 0 < remaining <= self.hold_seconds:
+            return max(self.wait_seconds, remaining)
+        return self.wait_seconds
 
     def __call__(self, lease: TableLease) -> None:
         if lease.state != HELD or lease.pid != os.getpid():
@@ -43,7 +61,7 @@ class CallerRenewal:
             running = lease.renewal_in_flight()
             if running is None:  # it has just finished
                 return
-            done = running.wait(self.wait_seconds)
+            done = running.wait(self._wait_seconds(lease))
         elif not forks.threads_allowed():
             self._run(lease, turn)  # no thread may start here: renew on the caller's own
             return
@@ -56,9 +74,15 @@ class CallerRenewal:
             except RuntimeError:  # no new threads (interpreter shutting down): give the turn back
                 lease.finish_renewal(turn)
                 raise
-            done = turn.wait(self.wait_seconds)
+            done = turn.wait(self._wait_seconds(lease))
         if not done:
-            lease.caller_not_before = time.monotonic() + self.wait_seconds
+            # Leave the lease to the running renewal for a while, but come back (and wait
+            # for it again) once the deadline is near.
+            now = time.monotonic()
+            pause_until = now + self.wait_seconds
+            if now < lease.valid_until:
+                pause_until = min(pause_until, lease.valid_until - self.hold_seconds)
+            lease.caller_not_before = pause_until
 
     def _run(self, lease: TableLease, turn: threading.Event) -> None:
         renewals = lease.renewals
