@@ -43,14 +43,14 @@ class CallerRenewal:
         #: until the deadline rather than for ``wait_seconds``.
         self.hold_seconds = hold_seconds
 
-    def _wait_seconds(self, lease: TableLease) -> float:
-        """How long to wait for the running renewal: ``wait_seconds``, or until the local
-        deadline once it is within ``hold_seconds`` (issuing meanwhile would take the CPU and
-        the GIL from the renewal that keeps the lease valid)."""
+    def _wait(self, running: threading.Event, lease: TableLease) -> bool:
+        """Wait ``wait_seconds`` for the running renewal; then, once the local deadline is
+        within ``hold_seconds``, on until the deadline: issuing meanwhile would take the CPU
+        and the GIL from the renewal that keeps the lease valid. True if it ended."""
+        if running.wait(self.wait_seconds):
+            return True
         remaining = lease.valid_until - time.monotonic()
-        if 0 < remaining <= self.hold_seconds:
-            return max(self.wait_seconds, remaining)
-        return self.wait_seconds
+        return 0 < remaining <= self.hold_seconds and running.wait(remaining)
 
     def __call__(self, lease: TableLease) -> None:
         if lease.state != HELD or lease.pid != os.getpid():
@@ -61,7 +61,7 @@ class CallerRenewal:
             running = lease.renewal_in_flight()
             if running is None:  # it has just finished
                 return
-            done = running.wait(self._wait_seconds(lease))
+            done = self._wait(running, lease)
         elif not forks.threads_allowed():
             self._run(lease, turn)  # no thread may start here: renew on the caller's own
             return
@@ -74,7 +74,7 @@ class CallerRenewal:
             except RuntimeError:  # no new threads (interpreter shutting down): give the turn back
                 lease.finish_renewal(turn)
                 raise
-            done = turn.wait(self._wait_seconds(lease))
+            done = self._wait(turn, lease)
         if not done:
             # Leave the lease to the running renewal for a while, but come back (and wait
             # for it again) once the deadline is near.
