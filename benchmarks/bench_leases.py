@@ -42,10 +42,12 @@ import threading
 import time
 from array import array
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import pairwise, repeat
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench_worker import scratch_database  # the shared server's scratch database, dropped after
 from lease_judge import (
@@ -60,7 +62,7 @@ from lease_judge import (
     merge_intervals,
     server_moments,
 )
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine
 
 import snowflake_db
 
@@ -71,6 +73,7 @@ from snowflake_db.clock import MonotonicClock
 from snowflake_db.worker import TableLease, TableWorkerAllocator
 
 FORK = multiprocessing.get_context("fork")
+T = TypeVar("T")
 RESUME_TARGET_S = 2.0
 
 
@@ -177,14 +180,19 @@ def _process(index: int, url: str, args: dict[str, Any], queues: tuple[Any, Any,
     results.put(report)
 
 
-def _offset(url: str, clock_offset_ns: int) -> tuple[int, int]:
-    """This process's clock minus the database's, and the uncertainty, in µs."""
+def _on_connection(url: str, work: Callable[[Connection], T]) -> T:
+    """``work`` on a connection of a short-lived engine."""
     engine = create_engine(url)
     try:
         with engine.connect() as connection:
-            return measure_offset_us(connection, clock_offset_ns)
+            return work(connection)
     finally:
         engine.dispose()
+
+
+def _offset(url: str, clock_offset_ns: int) -> tuple[int, int]:
+    """This process's clock minus the database's, and the uncertainty, in µs."""
+    return _on_connection(url, partial(measure_offset_us, clock_offset_ns=clock_offset_ns))
 
 
 @dataclass
@@ -334,12 +342,7 @@ def install_lease_log(url: str) -> None:
 
 
 def read_lease_records(url: str, stopped_us: int) -> dict[int, LeaseRecord]:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as connection:
-            return lease_records(connection, stopped_us)
-    finally:
-        engine.dispose()
+    return _on_connection(url, partial(lease_records, stopped_us=stopped_us))
 
 
 # -- reporting -----------------------------------------------------------------------------------
@@ -491,12 +494,7 @@ def healthy_phase(args: argparse.Namespace, out: str) -> list[str]:
             out=out,
         )
         records = read_lease_records(url, stopped_us=0)
-        engine = create_engine(url)
-        try:
-            with engine.connect() as connection:
-                moments = server_moments(connection)
-        finally:
-            engine.dispose()
+        moments = _on_connection(url, server_moments)
     print(f"load average after: {load_average()}")
     print_table(results)
     duplicates, unordered, errors = print_totals(results, with_fenced=True)

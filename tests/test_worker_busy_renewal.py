@@ -16,20 +16,16 @@ from __future__ import annotations
 import math
 import threading
 import time
-from array import array
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from sqlalchemy import event
 
-from snowflake_db import LeaseExpiredError, SnowflakeError, SnowflakeGenerator
+from snowflake_db import LeaseExpiredError, SnowflakeGenerator
 from snowflake_db.worker import TableLease
 
 from .plugins.databases import ScratchDatabase
-from .test_worker_renewal import slot_row_locked
+from .test_worker_renewal import calling, slot_row_locked
 from .worker_support import allocator, wait_for
 
 #: renew_every 0.5 s, safety margin 0.3 s: the local deadline is 1.2 s after a renewal starts;
@@ -70,65 +66,12 @@ def test_a_renewal_is_applied_before_the_clocks_are_compared(any_db: ScratchData
             assert following[0][1] == seen[index][1] + 1, seen
 
 
-@dataclass
-class Calls:
-    """Threads calling ``next_id()``: when each call began and returned, and whether with an ID."""
-
-    gen: SnowflakeGenerator
-    began: list[array[float]] = field(default_factory=list)
-    returned: list[array[float]] = field(default_factory=list)
-    issued: list[array[int]] = field(default_factory=list)  # 1: an ID, 0: an error
-    errors: set[type[BaseException]] = field(default_factory=set)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self, slot: int) -> None:
-        began, returned, issued = self.began[slot], self.returned[slot], self.issued[slot]
-        while not self.stop.is_set():
-            start = time.monotonic()
-            try:
-                self.gen.next_id()
-                ok = 1
-            except SnowflakeError as error:
-                self.errors.add(type(error))
-                ok = 0
-            began.append(start)
-            returned.append(time.monotonic())
-            issued.append(ok)
-            if not ok:
-                time.sleep(0.005)
-
-    def ids_from_calls_begun(self, start: float, end: float) -> int:
-        return sum(
-            ok
-            for began, issued in zip(self.began, self.issued, strict=True)
-            for at, ok in zip(began, issued, strict=True)
-            if start <= at < end
-        )
-
-
-@contextmanager
-def calling(gen: SnowflakeGenerator, threads: int = 3) -> Iterator[Calls]:
-    calls = Calls(gen)
-    calls.began = [array("d") for _ in range(threads)]
-    calls.returned = [array("d") for _ in range(threads)]
-    calls.issued = [array("b") for _ in range(threads)]
-    workers = [threading.Thread(target=calls.run, args=(i,), daemon=True) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    try:
-        yield calls
-    finally:
-        calls.stop.set()
-        for worker in workers:
-            worker.join(30)
-
-
 @pytest.mark.timing(seconds=6)  # see tests/conftest.py
 @pytest.mark.slow
 def test_near_the_deadline_callers_wait_for_the_running_renewal(any_db: ScratchDatabase) -> None:
     """The slot row is locked, so the renewal hangs in the database past the local deadline.
     Callers wait for it 0.125 s at a time and issue in between (the lease is valid), but once
-    the deadline is within 0.25 s no call that begins returns an ID: it waits for the running
+    the deadline is within 0.25 s no call that begins returns an ID before it: it waits for the
     renewal until the deadline, then fences. Before, callers issued for 0.125 s of those 0.25 s,
     which on a busy machine took the CPU and the GIL from a renewal the database would answer."""
     with allocator(any_db, lease_seconds=LEASE_SECONDS) as alloc:
@@ -138,7 +81,7 @@ def test_near_the_deadline_callers_wait_for_the_running_renewal(any_db: ScratchD
         gen.ensure_worker()
         lease = _lease(gen)
         in_flight: list[float] = []  # moments a renewal was seen running
-        with calling(gen) as calls:
+        with calling(gen) as callers:
             renewals = lease.renewals
             assert wait_for(lambda: lease.renewals > renewals, 10, poll=0.005)
             with slot_row_locked(any_db, lease.worker_id):
@@ -156,9 +99,9 @@ def test_near_the_deadline_callers_wait_for_the_running_renewal(any_db: ScratchD
         start, end = _running_through(in_flight, deadline - hold, deadline)
         window = (start + 0.005, end)
         assert window[1] - window[0] > 0.05, (in_flight[:1], in_flight[-1:], deadline)
-        assert calls.ids_from_calls_begun(locked_at, window[0]) > 0  # valid: callers issue
-        assert calls.ids_from_calls_begun(*window) == 0
-        assert calls.errors <= {LeaseExpiredError}
+        assert callers.issued_between(locked_at, window[0]) > 0  # valid: callers issue
+        assert callers.issued_between(*window) == 0
+        assert {error for error, _ in callers.errors} <= {LeaseExpiredError}
         gen.close()
 
 
