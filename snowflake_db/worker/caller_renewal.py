@@ -2,12 +2,14 @@
 process runs none (a child forked without Python's fork hooks, see :mod:`snowflake_db.forks`).
 
 With a heartbeat, the renewal runs on a short-lived thread on the allocator's engine (never in
-the caller's transaction), so no driver can hold the caller longer than ``wait_seconds``; it
+the caller's transaction), so no driver can hold the caller longer than its bounded wait; it
 keeps running after the wait and updates the lease if it succeeds. Only one renewal runs per
 lease: a caller that finds one running (the heartbeat's) waits for that one. The caller blocks
 the generator meanwhile, which also hands its CPU share and the GIL to the renewal. After a wait
 that timed out, callers leave the lease to the running renewal and the heartbeat for a while
-(no renewal storm against a database that hangs).
+(no renewal storm against a database that hangs), except near the local deadline: there a
+caller waits on until the deadline, as issuing beside a renewal the database would still answer
+can starve it on an overloaded machine.
 
 Without threads the caller renews inline: the allocator's statement timeouts
 (:mod:`snowflake_db.worker.timeouts`) bound how long a database that does not answer holds it.

@@ -3,8 +3,9 @@ after a fork.
 
 The renewal policy lives here: the heartbeat renews each lease every ``renew_every`` seconds
 on its own connection; a caller renews it itself once the heartbeat is late (:mod:`.caller_renewal`)
-and waits at most a quarter of the heartbeat's period; a renewal that fails is retried after a
-quarter period, and the generator fences at the local deadline. A release lowers the slot's
+and waits at most a quarter of the heartbeat's period (near the local deadline, until it); a
+renewal that fails is retried after a quarter period, and the generator fences at the local
+deadline. A release lowers the slot's
 high-water mark to the last tick really issued; an abandoned lease (a forked child's copy) is
 never released.
 """
