@@ -20,10 +20,11 @@ writes, so each lease's real deadline (``expires_at_ms``, database clock) is kno
 Targets: every process fences before its lease's deadline (the margin is printed); every
 process issues again within 2 s of the database's return; zero duplicates.
 
-In both phases every ID is checked against the lease rows the database logged (trigger
-``log_lease``): its stamp must lie between the moment a lease of its own process for its worker ID
-was written and that lease's expiry. An ID issued once the database is back is judged by the
-renewal written then, not by the deadline of the lease that lapsed during the outage.
+In both phases every ID is judged two ways (:mod:`lease_judge`): against the lease rows the
+database logged (trigger ``log_lease``, microseconds), its tick must overlap a lease of its own
+process for its worker ID, IDs that need the measured clock offset reported apart; and against
+the leases its process had applied, on that process's own monotonic clock. When a process fences
+in the healthy phase, the renewal that came too late is printed step by step.
 
 Every ID is kept (``array('q')`` per thread, written to a temporary file) and checked at the
 end: each thread's IDs strictly increase, and a merge of all threads' sorted IDs finds no value

@@ -5,9 +5,8 @@ The renewal policy lives here: the heartbeat renews each lease every ``renew_eve
 on its own connection; a caller renews it itself once the heartbeat is late (:mod:`.caller_renewal`)
 and waits at most a quarter of the heartbeat's period (near the local deadline, until it); a
 renewal that fails is retried after a quarter period, and the generator fences at the local
-deadline. A release lowers the slot's
-high-water mark to the last tick really issued; an abandoned lease (a forked child's copy) is
-never released.
+deadline. A release lowers the slot's high-water mark to the last tick really issued; an
+abandoned lease (a forked child's copy) is never released.
 """
 
 from __future__ import annotations
