@@ -196,6 +196,23 @@ def _offset(url: str, clock_offset_ns: int) -> tuple[int, int]:
     return _on_connection(url, partial(measure_offset_us, clock_offset_ns=clock_offset_ns))
 
 
+#: The fields of a :class:`ProcessResult` taken from a process's report as they are.
+_REPORTED = (
+    "index",
+    "pid",
+    "worker_ids",
+    "renewals",
+    "caller_renewals",
+    "caller_waits",
+    "fences",
+    "clock_offset_ns",
+    "offset_us",
+    "applied",
+    "trace",
+    "waits",
+)
+
+
 @dataclass
 class ProcessResult:
     index: int
@@ -262,22 +279,11 @@ def run_load(
             fenced.extend(thread_fenced)
         out_results.append(
             ProcessResult(
-                index=report["index"],
-                pid=report["pid"],
-                worker_ids=report["worker_ids"],
-                renewals=report["renewals"],
-                caller_renewals=report["caller_renewals"],
-                caller_waits=report["caller_waits"],
+                **{name: report[name] for name in _REPORTED},
                 ids=sum(count for _, count, _, _ in report["threads"]),
                 errors=errors,
                 fenced=merge_intervals(fenced),
                 files=[path for path, *_ in report["threads"]],
-                fences=report["fences"],
-                clock_offset_ns=report["clock_offset_ns"],
-                offset_us=report["offset_us"],
-                applied=report["applied"],
-                trace=report["trace"],
-                waits=report["waits"],
             )
         )
     return out_results, started_at
