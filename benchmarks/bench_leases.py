@@ -20,10 +20,11 @@ writes, so each lease's real deadline (``expires_at_ms``, database clock) is kno
 Targets: every process fences before its lease's deadline (the margin is printed); every
 process issues again within 2 s of the database's return; zero duplicates.
 
-In both phases every ID is checked against the lease rows the database logged (trigger
-``log_lease``): its stamp must lie between the moment a lease of its own process for its worker ID
-was written and that lease's expiry. An ID issued once the database is back is judged by the
-renewal written then, not by the deadline of the lease that lapsed during the outage.
+In both phases every ID is judged two ways (:mod:`lease_judge`): against the lease rows the
+database logged (trigger ``log_lease``, microseconds), its tick must overlap a lease of its own
+process for its worker ID, IDs that need the measured clock offset reported apart; and against
+the leases its process had applied, on that process's own monotonic clock. When a process fences
+in the healthy phase, the renewal that came too late is printed step by step.
 
 Every ID is kept (``array('q')`` per thread, written to a temporary file) and checked at the
 end: each thread's IDs strictly increase, and a merge of all threads' sorted IDs finds no value
@@ -33,9 +34,7 @@ twice. Exits non-zero when a target is missed.
 from __future__ import annotations
 
 import argparse
-import bisect
 import heapq
-import math
 import multiprocessing
 import os
 import sys
@@ -44,24 +43,38 @@ import threading
 import time
 from array import array
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import pairwise, repeat
 from pathlib import Path
 from typing import Any, TypeVar
 
 from bench_worker import scratch_database  # the shared server's scratch database, dropped after
-from sqlalchemy import create_engine, text
+from lease_judge import (
+    LEASE_LOG,
+    NO_LEASES,
+    LeaseCheck,
+    LeaseRecord,
+    RenewalTrace,
+    check_ids,
+    lease_records,
+    measure_offset_us,
+    merge_intervals,
+    server_moments,
+)
+from sqlalchemy import Connection, create_engine
 
 import snowflake_db
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from example_project.local_servers import DEFAULT_PG_BIN, ThrowawayPostgres
-from snowflake_db import DEFAULT_LAYOUT, SnowflakeError, SnowflakeGenerator
+from snowflake_db import SnowflakeError, SnowflakeGenerator
+from snowflake_db.clock import MonotonicClock
 from snowflake_db.worker import TableLease, TableWorkerAllocator
 
 FORK = multiprocessing.get_context("fork")
-Moment = TypeVar("Moment", int, float)
+T = TypeVar("T")
 RESUME_TARGET_S = 2.0
 
 
@@ -75,6 +88,8 @@ class ThreadLog:
     path: str
     errors: Counter[str] = field(default_factory=Counter)
     fenced: list[tuple[float, float]] = field(default_factory=list)  # wall-clock (start, end)
+    #: At each fence's first error: (monotonic now, local deadline, renewal in flight).
+    fences: list[tuple[float, float, bool]] = field(default_factory=list)
     count: int = 0
 
 
@@ -94,6 +109,10 @@ def _issue(gen: SnowflakeGenerator, stop_at: float, work: int, log: ThreadLog) -
                 log.errors[type(error).__name__] += 1
                 if fenced_since is None:
                     fenced_since = now()
+                    lease = gen.lease
+                    if isinstance(lease, TableLease):
+                        running = lease.renewal_in_flight() is not None
+                        log.fences.append((time.monotonic(), lease.valid_until, running))
                 time.sleep(0.001)
                 break
             if fenced_since is not None:
@@ -111,9 +130,14 @@ def _issue(gen: SnowflakeGenerator, stop_at: float, work: int, log: ThreadLog) -
 def _process(index: int, url: str, args: dict[str, Any], queues: tuple[Any, Any, Any]) -> None:
     """One process: lease a worker ID, then issue from ``threads`` threads until the end time."""
     ready, start, results = queues
+    trace = RenewalTrace()
+    trace.install()
     try:
         alloc = TableWorkerAllocator(url, lease_seconds=args["lease_seconds"])
         gen = SnowflakeGenerator(allocator=alloc)
+        assert isinstance(gen.clock, MonotonicClock)  # the judge maps stamps back to monotonic
+        offset_ns = gen.clock.offset_ns
+        offsets = [_offset(url, offset_ns)]
         gen.ensure_worker()
         first_lease = gen.lease
         if args["stop_heartbeat"]:  # diagnostics: callers alone keep the lease
@@ -131,6 +155,7 @@ def _process(index: int, url: str, args: dict[str, Any], queues: tuple[Any, Any,
             thread.start()
         for thread in threads:
             thread.join()
+        offsets.append(_offset(url, offset_ns))
         leases = [lease for lease in (first_lease, gen.lease) if isinstance(lease, TableLease)]
         report = {
             "index": index,
@@ -140,6 +165,12 @@ def _process(index: int, url: str, args: dict[str, Any], queues: tuple[Any, Any,
             "caller_renewals": sum(getattr(lease, "caller_renewals", 0) for lease in set(leases)),
             "caller_waits": sum(getattr(lease, "caller_waits", 0) for lease in set(leases)),
             "threads": [(log.path, log.count, dict(log.errors), log.fenced) for log in logs],
+            "fences": sorted(fence for log in logs for fence in log.fences),
+            "clock_offset_ns": offset_ns,
+            "offset_us": max(offsets, key=lambda offset: abs(offset[0]) + offset[1]),
+            "applied": trace.applied,
+            "trace": trace.renewals,
+            "waits": trace.waits,
             "error": None,
         }
         gen.close()
@@ -148,6 +179,38 @@ def _process(index: int, url: str, args: dict[str, Any], queues: tuple[Any, Any,
         ready.put(index)
         report = {"index": index, "error": f"{type(error).__name__}: {error}"}
     results.put(report)
+
+
+def _on_connection(url: str, work: Callable[[Connection], T]) -> T:
+    """``work`` on a connection of a short-lived engine."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return work(connection)
+    finally:
+        engine.dispose()
+
+
+def _offset(url: str, clock_offset_ns: int) -> tuple[int, int]:
+    """This process's clock minus the database's, and the uncertainty, in µs."""
+    return _on_connection(url, partial(measure_offset_us, clock_offset_ns=clock_offset_ns))
+
+
+#: The fields of a :class:`ProcessResult` taken from a process's report as they are.
+_REPORTED = (
+    "index",
+    "pid",
+    "worker_ids",
+    "renewals",
+    "caller_renewals",
+    "caller_waits",
+    "fences",
+    "clock_offset_ns",
+    "offset_us",
+    "applied",
+    "trace",
+    "waits",
+)
 
 
 @dataclass
@@ -162,20 +225,16 @@ class ProcessResult:
     errors: Counter[str]
     fenced: list[tuple[float, float]]  # merged over the process's threads
     files: list[str]
+    fences: list[tuple[float, float, bool]]
+    clock_offset_ns: int
+    offset_us: tuple[int, int]  # its clock minus the database's (the larger of two), uncertainty
+    applied: list[tuple[int, float, float]]
+    trace: list[dict[str, Any]]
+    waits: list[tuple[float, float]]
 
     @property
     def fenced_seconds(self) -> float:
         return sum(end - start for start, end in self.fenced)
-
-
-def _merge_intervals(intervals: Iterable[tuple[Moment, Moment]]) -> list[tuple[Moment, Moment]]:
-    merged: list[tuple[Moment, Moment]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
 
 
 def run_load(
@@ -220,15 +279,10 @@ def run_load(
             fenced.extend(thread_fenced)
         out_results.append(
             ProcessResult(
-                index=report["index"],
-                pid=report["pid"],
-                worker_ids=report["worker_ids"],
-                renewals=report["renewals"],
-                caller_renewals=report["caller_renewals"],
-                caller_waits=report["caller_waits"],
+                **{name: report[name] for name in _REPORTED},
                 ids=sum(count for _, count, _, _ in report["threads"]),
                 errors=errors,
-                fenced=_merge_intervals(fenced),
+                fenced=merge_intervals(fenced),
                 files=[path for path, *_ in report["threads"]],
             )
         )
@@ -265,73 +319,18 @@ def count_duplicates(results: list[ProcessResult]) -> tuple[int, int, int]:
     return total, duplicates, unordered
 
 
-@dataclass
-class LeaseCheck:
-    """A process's IDs against its lease rows: how many were stamped while it held no lease
-    for their worker ID, and per worker ID the latest stamp before its outage deadline."""
-
-    outside: int = 0
-    first_outside: tuple[int, int] | None = None  # (worker ID, stamp ms)
-    last_before_deadline: dict[int, int] = field(default_factory=dict)
-
-
-def describe_outside(result: ProcessResult, check: LeaseCheck) -> str:
-    worker_id, stamp = check.first_outside or (-1, 0)
-    return (
-        f"process {result.index}: {check.outside} IDs stamped outside its leases "
-        f"(first: worker {worker_id} at {stamp} ms)"
+def check_against_leases(result: ProcessResult, record: LeaseRecord) -> LeaseCheck:
+    """Judge every ID of the process against its lease rows and its own applied leases."""
+    return check_ids(
+        (_load(path) for path in result.files),
+        record,
+        offset_us=result.offset_us,
+        clock_offset_ns=result.clock_offset_ns,
+        applied=result.applied,
     )
 
 
-def check_against_leases(result: ProcessResult, record: LeaseRecord) -> LeaseCheck:
-    """Check every ID of the process: its stamp must lie in an interval in which the database
-    held a lease of this process for the ID's worker ID (so an ID issued under a renewal written
-    after the outage counts as covered, and one issued past an expiry does not)."""
-    layout = DEFAULT_LAYOUT
-    time_shift, worker_shift = layout.time_shift, layout.worker_shift
-    worker_mask = layout.max_worker_id
-    epoch_ms, tick_ms = layout.epoch_ms, layout.tick_ms
-    check = LeaseCheck()
-    last = check.last_before_deadline
-    for path in result.files:
-        covered = (-1, 0, 0)  # (worker ID, start, end) of the last interval that covered an ID
-        for value in _load(path):
-            worker_id = (value >> worker_shift) & worker_mask
-            stamp = epoch_ms + (value >> time_shift) * tick_ms
-            deadline = record.deadlines.get(worker_id)
-            if deadline is not None and stamp < deadline and stamp > last.get(worker_id, -1):
-                last[worker_id] = stamp
-            if worker_id == covered[0] and covered[1] <= stamp < covered[2]:
-                continue
-            held = record.held.get(worker_id, [])
-            index = bisect.bisect_right(held, (stamp, math.inf)) - 1
-            if index >= 0 and stamp < held[index][1]:
-                covered = (worker_id, *held[index])
-                continue
-            check.outside += 1
-            if check.first_outside is None:
-                check.first_outside = (worker_id, stamp)
-    return check
-
-
 # -- databases -----------------------------------------------------------------------------------
-
-
-LEASE_LOG = """
-CREATE TABLE lease_log (
-    worker_id integer, lease_token varchar(32), pid integer, written_at_ms bigint,
-    expires_at_ms bigint
-);
-CREATE FUNCTION log_lease() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO lease_log VALUES (
-        NEW.worker_id, NEW.lease_token, NEW.pid,
-        CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT), NEW.expires_at_ms);
-    RETURN NULL;
-END $$;
-CREATE TRIGGER log_lease AFTER INSERT OR UPDATE ON snowflake_worker_slots
-    FOR EACH ROW EXECUTE FUNCTION log_lease();
-"""
 
 
 def install_lease_log(url: str) -> None:
@@ -349,49 +348,8 @@ def install_lease_log(url: str) -> None:
         engine.dispose()
 
 
-@dataclass
-class LeaseRecord:
-    """Every lease row the database wrote for one process: per worker ID, the merged intervals
-    [written, expires) (database clock, ms) in which it held that ID."""
-
-    held: dict[int, list[tuple[int, int]]]
-    deadlines: dict[int, int]  # per worker ID, its latest expiry written before the outage
-
-
-NO_LEASES = LeaseRecord(held={}, deadlines={})
-
-
-def lease_records(url: str, stopped_ms: int) -> dict[int, LeaseRecord]:
-    """Per process ID, the intervals its leases covered and its deadlines at ``stopped_ms``.
-
-    A lease row covers the IDs stamped from the moment it was written (the process cannot know
-    of it earlier) until its expiry; rows written in a transaction that did not commit are not
-    in the log either. Released rows (no token or no expiry) cover nothing."""
-    engine = create_engine(url)
-    try:
-        with engine.connect() as connection:
-            rows = connection.execute(
-                text(
-                    "SELECT pid, worker_id, written_at_ms, expires_at_ms FROM lease_log "
-                    "WHERE lease_token IS NOT NULL AND expires_at_ms IS NOT NULL"
-                )
-            ).all()
-    finally:
-        engine.dispose()
-    spans: dict[int, dict[int, list[tuple[int, int]]]] = {}
-    deadlines: dict[int, dict[int, int]] = {}
-    for pid, worker_id, written_ms, expires_ms in rows:
-        spans.setdefault(pid, {}).setdefault(worker_id, []).append((written_ms, expires_ms))
-        if written_ms < stopped_ms:
-            per_worker = deadlines.setdefault(pid, {})
-            per_worker[worker_id] = max(expires_ms, per_worker.get(worker_id, expires_ms))
-    return {
-        pid: LeaseRecord(
-            held={w: _merge_intervals(spans_of_w) for w, spans_of_w in per_pid.items()},
-            deadlines=deadlines.get(pid, {}),
-        )
-        for pid, per_pid in spans.items()
-    }
+def read_lease_records(url: str, stopped_us: int) -> dict[int, LeaseRecord]:
+    return _on_connection(url, partial(lease_records, stopped_us=stopped_us))
 
 
 # -- reporting -----------------------------------------------------------------------------------
@@ -439,6 +397,83 @@ def print_totals(
     return duplicates, unordered, errors
 
 
+def judge(
+    results: list[ProcessResult], records: dict[int, LeaseRecord]
+) -> tuple[list[LeaseCheck], list[str]]:
+    """Judge every process's IDs both ways, print the verdicts; return them and the misses."""
+    checks = [check_against_leases(r, records.get(r.pid, NO_LEASES)) for r in results]
+    offsets = [result.offset_us for result in results]
+    print(
+        "judge: clocks minus the database's "
+        + ", ".join(f"{offset:+d} ± {uncertainty} µs" for offset, uncertainty in offsets)
+        + f"; IDs outside their process's lease rows (database clock): "
+        f"{sum(check.outside for check in checks)} beyond the clock offset, "
+        f"{sum(check.within_offset for check in checks)} within it; outside the leases each "
+        f"process had applied (its own monotonic clock): "
+        f"{sum(check.outside_locally for check in checks)}"
+    )
+    missed = [note for r, c in zip(results, checks, strict=True) for note in c.describe(r.index)]
+    return checks, missed
+
+
+def print_fences(
+    results: list[ProcessResult],
+    lease_seconds: float,
+    moments: dict[int, list[tuple[int, str]]],
+    shown: int = 6,
+) -> None:
+    """Diagnostics for the fences of the healthy phase: the renewal that came too late, and
+    where its time went (ms between the moments the trace recorded; ``written`` and
+    ``committing`` are the database's, mapped to the process's clock by the measured offset)."""
+    fences: list[tuple[tuple[float, float, bool], ProcessResult]] = []
+    for result in results:
+        for fence in result.fences:  # each thread records the same fence: keep the first
+            if not any(r is result and abs(f[0] - fence[0]) < 0.5 for f, r in fences):
+                fences.append((fence, result))
+    if not fences:
+        return
+    running = sum(1 for (_, _, in_flight), _ in fences if in_flight)
+    print(f"fences: {len(fences)}, {running} with a renewal in flight at the first error")
+    renew_every = lease_seconds / 3
+    valid_for = lease_seconds - lease_seconds / 5
+    steps = ("called", "update", "updated", "skew", "skewed", "answered", "applied")
+    for (at, deadline, _), result in fences[:shown]:
+        due = deadline - valid_for + renew_every
+        print(
+            f"  process {result.index}: first error {1000 * (at - deadline):+.0f} ms from the "
+            f"deadline, {at - due:.2f} s after the renewal was due; renewals since:"
+        )
+        for renewal in result.trace:
+            if renewal["deadline"] < deadline - 0.01 or renewal["called"] > at + 1.0:
+                continue  # an earlier period's renewal, or a later one
+            times = [(step, renewal[step]) for step in steps if step in renewal]
+            offset_s = (result.offset_us[0] * 1000 - result.clock_offset_ns) / 1e9
+            start, end = times[0][1], times[-1][1]
+            for at_us, kind in moments.get(result.pid, []):
+                moment = at_us / 1e6 + offset_s  # database time on this process's clock
+                if start <= moment <= end + 0.01:
+                    times.append((kind, moment))
+            times.sort(key=lambda step_moment: step_moment[1])
+            gaps = ", ".join(
+                f"{step} +{1000 * (moment - previous):.0f}"
+                for (_, previous), (step, moment) in pairwise(times)
+            )
+            last = [step for step in steps if step in renewal][-1]
+            cpu = renewal[f"{last}:cpu"] - renewal["called:cpu"]
+            queued = renewal[f"{last}:queued"] - renewal["called:queued"]
+            held = sum(
+                max(0.0, min(end, times[-1][1]) - max(begin, start))
+                for begin, end in result.waits
+            )
+            print(
+                f"    {renewal['thread']}: called {renewal['called'] - due:+.3f} s after due; "
+                f"{gaps}; ends {1000 * (times[-1][1] - at):+.0f} ms from the first error; "
+                f"callers held {1000 * held:.0f} ms of it; the renewing thread ran "
+                f"{1000 * cpu:.0f} ms and waited {1000 * queued:.0f} ms for a CPU (the rest: "
+                "for the GIL, a lock or the database)"
+            )
+
+
 def load_average() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
@@ -465,15 +500,13 @@ def healthy_phase(args: argparse.Namespace, out: str) -> list[str]:
             stop_heartbeat=args.stop_heartbeat,
             out=out,
         )
-        records = lease_records(url, stopped_ms=0)
+        records = read_lease_records(url, stopped_us=0)
+        moments = _on_connection(url, server_moments)
     print(f"load average after: {load_average()}")
     print_table(results)
     duplicates, unordered, errors = print_totals(results, with_fenced=True)
-    missed = []
-    for result in results:
-        check = check_against_leases(result, records.get(result.pid, NO_LEASES))
-        if check.outside:
-            missed.append(f"healthy: {describe_outside(result, check)}")
+    missed = [f"healthy: {miss}" for miss in judge(results, records)[1]]
+    print_fences(results, args.lease_seconds, moments)
     if errors.get("LeaseExpiredError", 0):
         missed.append(f"healthy: {errors['LeaseExpiredError']} LeaseExpiredError (target 0)")
     other = sum(count for name, count in errors.items() if name != "LeaseExpiredError")
@@ -525,7 +558,7 @@ def outage_phase(args: argparse.Namespace, out: str) -> list[str]:
         # Every lease row each process had written; the deadlines are those of the leases held
         # when the database went away (a renewal written once it was back, which can be just
         # before pg_ctl returns, starts a new interval instead of moving the old deadline).
-        records = lease_records(url, round(times["stopped"] * 1000))
+        records = read_lease_records(url, round(times["stopped"] * 1_000_000))
     finally:
         server.close()
     print(
@@ -533,18 +566,15 @@ def outage_phase(args: argparse.Namespace, out: str) -> list[str]:
         f"{times['stopped'] - times['stop_requested']:.2f} s after the request, back "
         f"{times['back'] - times['stop_requested']:.2f} s after it"
     )
-    missed: list[str] = []
+    checks, missed = judge(results, records)
     extra: dict[int, str] = {}
-    for result in results:
+    for result, check in zip(results, checks, strict=True):
         notes = []
         record = records.get(result.pid, NO_LEASES)
-        check = check_against_leases(result, record)
         for worker_id, deadline in sorted(record.deadlines.items()):
             last = check.last_before_deadline.get(worker_id)
             margin = "n/a" if last is None else f"{deadline - last} ms"
             notes.append(f"w{worker_id}: last ID {margin} before the deadline")
-        if check.outside:
-            missed.append(describe_outside(result, check))
         fences = [
             (start, end)
             for start, end in result.fenced

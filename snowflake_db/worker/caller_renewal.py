@@ -2,12 +2,14 @@
 process runs none (a child forked without Python's fork hooks, see :mod:`snowflake_db.forks`).
 
 With a heartbeat, the renewal runs on a short-lived thread on the allocator's engine (never in
-the caller's transaction), so no driver can hold the caller longer than ``wait_seconds``; it
+the caller's transaction), so no driver can hold the caller longer than its bounded wait; it
 keeps running after the wait and updates the lease if it succeeds. Only one renewal runs per
 lease: a caller that finds one running (the heartbeat's) waits for that one. The caller blocks
 the generator meanwhile, which also hands its CPU share and the GIL to the renewal. After a wait
 that timed out, callers leave the lease to the running renewal and the heartbeat for a while
-(no renewal storm against a database that hangs).
+(no renewal storm against a database that hangs), except near the local deadline: there a
+caller waits on until the deadline, as issuing beside a renewal the database would still answer
+can starve it on an overloaded machine.
 
 Without threads the caller renews inline: the allocator's statement timeouts
 (:mod:`snowflake_db.worker.timeouts`) bound how long a database that does not answer holds it.
@@ -30,9 +32,27 @@ logger = logging.getLogger("snowflake_db.worker")
 class CallerRenewal:
     """``lease.renew_if_due`` found the lease due: renew it now and wait, bounded."""
 
-    def __init__(self, renew: Callable[[TableLease], None], *, wait_seconds: float) -> None:
+    def __init__(
+        self,
+        renew: Callable[[TableLease], None],
+        *,
+        wait_seconds: float,
+        hold_seconds: float = 0.0,
+    ) -> None:
         self._renew = renew
         self.wait_seconds = wait_seconds
+        #: Within this much of the local deadline, a caller waits for the running renewal
+        #: until the deadline rather than for ``wait_seconds``.
+        self.hold_seconds = hold_seconds
+
+    def _wait(self, running: threading.Event, lease: TableLease) -> bool:
+        """Wait ``wait_seconds`` for the running renewal; then, once the local deadline is
+        within ``hold_seconds``, on until the deadline: issuing meanwhile would take the CPU
+        and the GIL from the renewal that keeps the lease valid. True if it ended."""
+        if running.wait(self.wait_seconds):
+            return True
+        remaining = lease.valid_until - time.monotonic()
+        return 0 < remaining <= self.hold_seconds and running.wait(remaining)
 
     def __call__(self, lease: TableLease) -> None:
         if lease.state != HELD or lease.pid != os.getpid():
@@ -43,7 +63,7 @@ class CallerRenewal:
             running = lease.renewal_in_flight()
             if running is None:  # it has just finished
                 return
-            done = running.wait(self.wait_seconds)
+            done = self._wait(running, lease)
         elif not forks.threads_allowed():
             self._run(lease, turn)  # no thread may start here: renew on the caller's own
             return
@@ -56,9 +76,15 @@ class CallerRenewal:
             except RuntimeError:  # no new threads (interpreter shutting down): give the turn back
                 lease.finish_renewal(turn)
                 raise
-            done = turn.wait(self.wait_seconds)
+            done = self._wait(turn, lease)
         if not done:
-            lease.caller_not_before = time.monotonic() + self.wait_seconds
+            # Leave the lease to the running renewal for a while, but come back (and wait
+            # for it again) once the deadline is near.
+            now = time.monotonic()
+            pause_until = now + self.wait_seconds
+            if now < lease.valid_until:
+                pause_until = min(pause_until, lease.valid_until - self.hold_seconds)
+            lease.caller_not_before = pause_until
 
     def _run(self, lease: TableLease, turn: threading.Event) -> None:
         renewals = lease.renewals

@@ -3,10 +3,10 @@ after a fork.
 
 The renewal policy lives here: the heartbeat renews each lease every ``renew_every`` seconds
 on its own connection; a caller renews it itself once the heartbeat is late (:mod:`.caller_renewal`)
-and waits at most a quarter of the heartbeat's period; a renewal that fails is retried after a
-quarter period, and the generator fences at the local deadline. A release lowers the slot's
-high-water mark to the last tick really issued; an abandoned lease (a forked child's copy) is
-never released.
+and waits at most a quarter of the heartbeat's period (near the local deadline, until it); a
+renewal that fails is retried after a quarter period, and the generator fences at the local
+deadline. A release lowers the slot's high-water mark to the last tick really issued; an
+abandoned lease (a forked child's copy) is never released.
 """
 
 from __future__ import annotations
@@ -53,9 +53,10 @@ class LeaseKeeper:
         # its renewal time and the local deadline late, and waits for that renewal at most a
         # quarter of the heartbeat's period (never the whole remaining lease).
         self._caller_grace = (timing.lease_seconds - timing.safety_margin - timing.renew_every) / 4
-        self.renew_for_caller = CallerRenewal(
-            self.renew, wait_seconds=min(timing.renew_every / 4, MAX_CALLER_WAIT_SECONDS)
-        )
+        # Within two such waits of the local deadline, a caller waits for the running renewal
+        # until the deadline: issuing meanwhile only takes the CPU and the GIL from it.
+        wait = min(timing.renew_every / 4, MAX_CALLER_WAIT_SECONDS)
+        self.renew_for_caller = CallerRenewal(self.renew, wait_seconds=wait, hold_seconds=2 * wait)
 
     @property
     def caller_grace(self) -> float:
@@ -93,6 +94,9 @@ class LeaseKeeper:
         started = time.monotonic()
         try:
             high_water_ms = max(lease.high_water_ms, lease.clock() + timing.reserve_ahead_ms)
+            # Only the UPDATE and its commit stand between the start and the new deadline: on
+            # an overloaded machine each round trip can take hundreds of ms (the database's
+            # process waits for a CPU too), so the clocks are compared once it is applied.
             with self._engine.begin() as connection:
                 renewed = self._store.renew(
                     connection,
@@ -101,7 +105,6 @@ class LeaseKeeper:
                     lease_ms=round(timing.lease_seconds * 1000),
                     high_water_ms=high_water_ms,
                 )
-                skew = clock_skew.measure(connection, self._store, lease.clock)
         except Exception as error:
             self._recorder.renewal_failed(time.monotonic() - started)
             lease.failures += 1
@@ -119,21 +122,33 @@ class LeaseKeeper:
             if lease.state != HELD:
                 return
             if renewed:
-                self._skew_policy.at_renewal(skew, lease.worker_id)
                 lease.renewed(
                     started=started,
                     valid_for=timing.lease_seconds - timing.safety_margin,
                     high_water_ms=high_water_ms,
                 )
                 lease.next_renewal_at = started + timing.renew_every
-                return
-            lease.end(LOST, "the slot was taken by another holder or reaped after it expired")
+            else:
+                lease.end(LOST, "the slot was taken by another holder or reaped after it expired")
+        if renewed:
+            self._compare_clocks(lease)
+            return
         self.heartbeat.discard(lease)
         self._recorder.lease_lost()
         logger.warning(
             "snowflake_db: the lease on worker %d was lost; a new worker ID will be leased",
             lease.worker_id,
         )
+
+    def _compare_clocks(self, lease: TableLease) -> None:
+        """Measure the clock skew after a renewal was applied (it warns, never fences)."""
+        try:
+            with self._engine.begin() as connection:
+                skew = clock_skew.measure(connection, self._store, lease.clock)
+        except SQLAlchemyError as error:  # the lease is renewed; the next renewal measures again
+            logger.debug("snowflake_db: comparing the clocks failed: %s", describe_error(error))
+            return
+        self._skew_policy.at_renewal(skew, lease.worker_id)
 
     def release(self, lease: TableLease) -> None:
         """End the lease and give the slot back with the mark of the last tick issued."""
