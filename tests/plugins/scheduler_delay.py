@@ -3,7 +3,7 @@
 A liveness bound ("the call returned within 1.5 s") fails on a loaded machine for a reason that
 is not the product's: the thread that made the call, or the one it waited for, was ready but
 had no CPU. So such a bound is judged as ``scheduler_delay.widen(bound, start, end)``: the bound
-plus the time within ``[start, end]`` that a probe thread, sleeping 5 ms over and over, spent
+plus the time within ``[start, end]`` that a probe thread, sleeping 10 ms over and over, spent
 due but not running. On an idle machine that is about nothing, and a slow product still fails
 the bound; on a busy one the bound grows by what the scheduler took.
 
@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import pytest
 
 #: How long the probe sleeps between two looks at the clock.
-PROBE_INTERVAL_S = 0.005
+PROBE_INTERVAL_S = 0.01
 
 
 class SchedulerDelay:
