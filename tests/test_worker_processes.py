@@ -320,8 +320,8 @@ def test_a_holder_frozen_inside_its_renewal_frees_the_slot_a_lease_later(
         # The row stays locked until the server ends the session at its limit, then it is free.
         # Both ends are read on the database's clock: the frozen connection's just before the
         # stop, another connection's once it could lock the row. A loaded machine only makes a
-        # look later (beside a second suite, one look's connect took 1.3 s and the row, free
-        # 6.8 s after on the server's clock, looked free 5.5 s after a stamp taken before it).
+        # look later (at load 20, one look took 1.3 s, and the row, free 6.8 s after on the
+        # server's clock, looked free 5.5 s after when timed from before that look).
         looks, started = 0, time.monotonic()
         while (free_at_ms := _row_free_at_ms(db)) is None:
             looks += 1
