@@ -2,7 +2,11 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.plugins.databases", "tests.plugins.process_default"]
+pytest_plugins = [
+    "tests.plugins.databases",
+    "tests.plugins.process_default",
+    "tests.plugins.scheduler_delay",
+]
 
 # `make test` runs pytest -n 6 --dist loadgroup -m "not timing" (pytest-xdist: tests in
 # parallel processes), then pytest -n 4 --dist loadgroup -m timing: those tests judge lease

@@ -19,6 +19,7 @@ import snowflake_db
 from snowflake_db.shutdown import RELEASE_WAIT_SECONDS
 
 from .plugins.databases import ScratchDatabase
+from .plugins.scheduler_delay import SchedulerDelay
 from .pool_support import (
     configure_child,
     configured_parent,
@@ -68,7 +69,7 @@ def _pool(method: str, url: str, **options: Any) -> Any:
 @pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
 def test_leaving_a_pool_block_releases_busy_and_idle_childrens_slots(
     backend: str, method: str, database_factory: Callable[[str], ScratchDatabase],
-    markers: Path,
+    markers: Path, scheduler_delay: SchedulerDelay,
 ) -> None:
     url = database_factory(backend).url_string
     parent = _Parent(url)
@@ -79,13 +80,14 @@ def test_leaving_a_pool_block_releases_busy_and_idle_childrens_slots(
             # Every child holds a lease and is asleep in a task when the block ends.
             assert wait_for(lambda: len(os.listdir(markers)) == CHILDREN, 60)
             started = time.monotonic()
-        took = time.monotonic() - started
+        ended = time.monotonic()
+        took, allowed = ended - started, scheduler_delay.widen(RELEASE_WAIT_SECONDS, started, ended)
         assert not busy.ready()
         slots = _child_slots(url, parent.worker_id)
     finally:
         parent.close()
     assert [error for *_, error in results] == [None] * 30
-    assert took < RELEASE_WAIT_SECONDS, f"terminate() took {took:.1f} s"
+    assert took < allowed, f"terminate() took {took:.1f} s, {allowed:.1f} s allowed"
     assert slots and all(state == "free" for state in slots.values()), slots
 
 

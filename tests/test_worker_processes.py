@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.exc import OperationalError
 
 import snowflake_db
@@ -29,10 +29,12 @@ from snowflake_db import (
     WorkerIdExhaustedError,
 )
 from snowflake_db.worker import TableLease, TableWorkerAllocator, forking
+from snowflake_db.worker.store import db_now_ms
 from snowflake_db.worker.timeouts import idle_transaction_seconds
 
 from .outage_support import STEADY_LEASE_SECONDS
 from .plugins.databases import ScratchDatabase
+from .plugins.scheduler_delay import SchedulerDelay
 from .worker_support import allocator, read_slots
 
 FORK = multiprocessing.get_context("fork")
@@ -161,6 +163,12 @@ def _holds_no_lock(db: ScratchDatabase) -> bool:
             return False
         finally:
             connection.close()
+    return _row_free_at_ms(db) is not None
+
+
+def _row_free_at_ms(db: ScratchDatabase) -> int | None:
+    """The database's clock (ms) just after another connection locked the slot row without
+    waiting, or None if it is still locked."""
     engine = create_engine(db.url)
     try:
         with engine.connect() as connection, connection.begin():
@@ -168,9 +176,9 @@ def _holds_no_lock(db: ScratchDatabase) -> bool:
                 text("SELECT worker_id FROM snowflake_worker_slots WHERE worker_id = 0 "
                      "FOR UPDATE NOWAIT")
             ).all()
-        return True
+            return int(connection.execute(select(db_now_ms())).scalar_one())
     except OperationalError:
-        return False
+        return None
     finally:
         engine.dispose()
 
@@ -263,12 +271,16 @@ def _resume_and_stop(child: Any, stop: Any) -> None:
 def _freeze_in_the_next_renewal(engine: Any, freeze: Any) -> None:
     """Once ``freeze.value`` is 0, the next renewal stops this whole process (SIGSTOP) between
     its UPDATE of the slot row and its commit, as a paused VM or a debugger would; ``freeze``
-    then holds when the UPDATE had returned (``time.monotonic()``: one clock for all processes)."""
+    then holds the database's clock (ms) read on that connection just before the stop: the
+    server starts timing the idle transaction no earlier, whatever the scheduler did."""
 
     @event.listens_for(engine, "after_cursor_execute")
     def _stop_here(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         if freeze.value == 0.0 and statement.lstrip().upper().startswith("UPDATE"):
-            freeze.value = time.monotonic()
+            clock = cursor.connection.cursor()  # the renewal's own cursor keeps its rowcount
+            clock.execute(str(select(db_now_ms()).compile(dialect=conn.dialect)))
+            freeze.value = float(clock.fetchone()[0])
+            clock.close()
             # To this thread: it stops on leaving the call. Sent to the process, the signal
             # goes to the main thread, and on a loaded machine this one committed before the
             # main thread ran to stop them all.
@@ -278,7 +290,9 @@ def _freeze_in_the_next_renewal(engine: Any, freeze: Any) -> None:
 @pytest.mark.slow  # waits 6 s on the server's limit; 6 s leases: not a `timing` test
 @pytest.mark.parametrize("backend", ["postgresql", "mariadb"])  # SQLite: the file stays locked
 def test_a_holder_frozen_inside_its_renewal_frees_the_slot_a_lease_later(
-    backend: str, database_factory: Callable[[str], ScratchDatabase]
+    backend: str,
+    database_factory: Callable[[str], ScratchDatabase],
+    scheduler_delay: SchedulerDelay,
 ) -> None:
     """A holder stopped between its renewal's UPDATE and its commit keeps the slot row locked;
     the server ends that session once it has idled in its transaction for a whole lease, so the
@@ -286,7 +300,7 @@ def test_a_holder_frozen_inside_its_renewal_frees_the_slot_a_lease_later(
     db = database_factory(backend)
     lease_seconds = STEADY_LEASE_SECONDS
     ready, log, stop = FORK.Queue(), FORK.Queue(), FORK.Event()
-    freeze = FORK.Value("d", -1.0)  # -1: not yet; 0: at the next renewal; then its UPDATE's time
+    freeze = FORK.Value("d", -1.0)  # -1: not yet; 0: at the next renewal; then the DB's ms
     child = FORK.Process(
         target=_issue_forever,
         args=(db.url_string, lease_seconds, ready, log, stop),
@@ -303,17 +317,20 @@ def test_a_holder_frozen_inside_its_renewal_frees_the_slot_a_lease_later(
     stopped_ms = time.time_ns() // 1_000_000  # just after the stop
     idle_limit = idle_transaction_seconds(lease_seconds)
     try:
-        # The row stays locked until the server ends the session at its limit (timed from the
-        # UPDATE's return), then it is free. (A loaded machine may take its first look late.)
-        looks = 0
-        while True:
-            looked_at = time.monotonic()
-            if _holds_no_lock(db):
-                break
+        # The row stays locked until the server ends the session at its limit, then it is free.
+        # Both ends are read on the database's clock: the frozen connection's just before the
+        # stop, another connection's once it could lock the row. A loaded machine only makes a
+        # look later (at load 20, one look took 1.3 s, and the row, free 6.8 s after on the
+        # server's clock, looked free 5.5 s after when timed from before that look).
+        looks, started = 0, time.monotonic()
+        while (free_at_ms := _row_free_at_ms(db)) is None:
             looks += 1
-            assert looked_at - freeze.value < idle_limit + 10, "the row stayed locked"
+            waited = time.monotonic() - started
+            assert waited < scheduler_delay.widen(idle_limit + 10, started, time.monotonic()), (
+                f"the row stayed locked {waited:.1f} s"
+            )
             time.sleep(0.1)
-        free_after = looked_at - freeze.value
+        free_after = (free_at_ms - freeze.value) / 1000
         assert free_after >= idle_limit - 0.5, f"free {free_after:.2f} s after, {looks} looks"
     except BaseException:
         _resume_and_stop(child, stop)

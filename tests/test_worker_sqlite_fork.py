@@ -66,11 +66,12 @@ def test_a_fork_waits_at_most_fork_wait_s(
     monkeypatch.setattr(sqlite_fork_gate, "FORK_WAIT_S", 0.3)
     engine = make_engine(sqlite_db.url, timeout_seconds=5)
     try:
-        thread, _ = _hold_a_connection(engine, 3.0)
+        thread, checked_in = _hold_a_connection(engine, 3.0)
         started = time.monotonic()
-        assert run_in_fork(lambda: 1) == {"result": 1}
-        assert time.monotonic() - started < 2.0  # bounded: it did not wait out the 3 s
+        forked_at = run_in_fork(time.monotonic)["result"]  # one monotonic clock for both
         thread.join(10)
+        # Bounded: the child ran before the connection was checked in, after the wait.
+        assert started + 0.3 <= forked_at < checked_in[0]
     finally:
         engine.dispose()
 
@@ -78,10 +79,9 @@ def test_a_fork_waits_at_most_fork_wait_s(
 def test_postgresql_engines_are_not_gated(postgres_db: ScratchDatabase) -> None:
     engine = make_engine(postgres_db.url, timeout_seconds=5)
     try:
-        thread, _ = _hold_a_connection(engine, 2.0)
-        started = time.monotonic()
-        assert run_in_fork(lambda: 1) == {"result": 1}
-        assert time.monotonic() - started < 1.5
+        thread, checked_in = _hold_a_connection(engine, 2.0)
+        forked_at = run_in_fork(time.monotonic)["result"]
         thread.join(10)
+        assert forked_at < checked_in[0]  # the child ran while the connection was checked out
     finally:
         engine.dispose()
