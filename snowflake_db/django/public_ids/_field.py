@@ -1,18 +1,5 @@
-"""Public numbers on Django models: ``public_id = PublicId(namespace="orders")``.
-
-The number is derived from the primary key by :mod:`snowflake_db.public_ids`, so nothing is
-stored and no migration is made: ``order.public_id`` encodes ``order.pk``, and
-``Order.objects.get(public_id=text)`` / ``filter(public_id=text)`` / ``public_id__in=[...]``
-decode the text into a primary-key comparison. A text that is not a number of this namespace
-(mistyped, another key or namespace) matches no row: ``get()`` raises ``DoesNotExist`` and
-``filter()`` is empty, as for any key that is not there. Code that decodes a number itself
-(``Order.public_id_field.decode(text)``, or ``PublicIdField.key_for``) gets a
-``PublicIdError`` that says why.
-
-``PublicId`` is a private, column-less field like Django's ``CompositePrimaryKey``
-(https://docs.djangoproject.com/en/stable/ref/models/fields/#compositeprimarykey): queries see
-it, migrations, forms and serializers do not.
-"""
+"""``PublicId``, the model field of a public number, and the lookups that decode a number into
+a comparison with the key (the package's docstring says how they behave)."""
 
 from __future__ import annotations
 
@@ -23,11 +10,11 @@ from django.db import models
 from django.db.models.expressions import Col
 from django.db.models.lookups import Exact, In, Lookup
 
-from .._validate import require_int
-from ..errors import InvalidArgumentError, InvalidArgumentTypeError, PublicIdError
+from ..._validate import require_int
+from ...errors import InvalidArgumentError, InvalidArgumentTypeError, PublicIdError
 
 if TYPE_CHECKING:
-    from ..public_ids import PublicIdCodec
+    from ...public_ids import PublicIdCodec
 
 __all__ = ["PublicId"]
 
@@ -99,6 +86,8 @@ class PublicId(models.Field):  # type: ignore[type-arg]
 
     def deconstruct(self) -> Any:
         name, path, args, kwargs = super().deconstruct()
+        if path == f"{__name__}.PublicId":
+            path = "snowflake_db.django.public_ids.PublicId"  # the import path, not the module's
         for injected in ("editable", "serialize", "blank", "null"):
             kwargs.pop(injected, None)
         kwargs.update(namespace=self.namespace)
@@ -131,7 +120,7 @@ class PublicId(models.Field):  # type: ignore[type-arg]
 
     @property
     def codec(self) -> PublicIdCodec:
-        from ..public_ids import codec_for
+        from ...public_ids import codec_for
 
         return codec_for(self.namespace)
 
