@@ -235,14 +235,14 @@ def check_public_id_fields(
 ) -> list[checks.CheckMessage]:
     """Run :meth:`PublicId.check` on every model's ``PublicId`` fields (as Django's
     contenttypes app does for its ``GenericForeignKey``, another private field)."""
-    models_ = (
+    in_scope = (
         apps.get_models()
         if app_configs is None
         else [model for app_config in app_configs for model in app_config.get_models()]
     )
     return [
         message
-        for model in models_
+        for model in in_scope
         for field in model._meta.private_fields
         if isinstance(field, PublicId) and field.model is model
         for message in field.check(**kwargs)
