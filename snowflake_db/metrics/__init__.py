@@ -18,8 +18,8 @@ parent (whose own counts are unaffected), so every process reports only what it 
 Counters are never lowered while their process lives: a generator or allocator that is
 garbage-collected leaves its totals to the process.
 
-This module is the public face; the figures are declared in :mod:`._figures`, counted in
-:mod:`._recorder` and told to listeners in :mod:`._events`.
+This ``__init__`` is the package's public face; the figures are declared in :mod:`._figures`,
+counted in :mod:`._recorder` and told to listeners in :mod:`._events`.
 """
 
 from __future__ import annotations
