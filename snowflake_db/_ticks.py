@@ -21,8 +21,8 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from ._metrics_recorder import MetricsRecorder
     from .layout import Layout
+    from .metrics import MetricsRecorder
 
 __all__ = ["RawTicks"]
 

@@ -77,13 +77,3 @@ def test_partition_operations_keep_every_layout_field() -> None:
         _, args, _ = op.deconstruct()
         frozen = next(arg for arg in args if isinstance(arg, dict))
         assert Layout(**frozen) == layout, type(op).__name__
-
-
-def test_the_old_import_paths_still_work() -> None:
-    # Settings and migrations written before the move name snowflake_db.sharding.django.
-    import snowflake_db.sharding.django as old
-    from snowflake_db.django import operations, sharding
-
-    assert old.ShardedModelMixin is sharding.ShardedModelMixin
-    assert old.ShardedDatabaseRouter is sharding.ShardedDatabaseRouter
-    assert old.CreateShardPartitionedTable is operations.CreateShardPartitionedTable

@@ -200,12 +200,3 @@ def test_table_per_shard_in_one_database(
     finally:
         per_shard.drop_all(engine)
         engine.dispose()
-
-
-def test_the_old_import_path_still_works() -> None:
-    from snowflake_db.sharding import sqlalchemy as old
-    from snowflake_db.sqlalchemy import sharding
-
-    assert old.ShardedRouting is sharding.ShardedRouting
-    assert old.TablePerShard is sharding.TablePerShard
-    assert old.sharded_sessionmaker is sharding.sharded_sessionmaker

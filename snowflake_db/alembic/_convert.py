@@ -14,48 +14,24 @@ Rows keep their existing IDs; new rows get Snowflake IDs, which are far above an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import BigInteger, Integer, func, select, text
-from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.types import TypeEngine
 
 from ..errors import InvalidArgumentError, SnowflakeMigrationError
 from ._sqlite import sqlite_rebuild
+from ._target import Target, inspect_target
 
 if TYPE_CHECKING:
     from alembic.operations import Operations
     from sqlalchemy.engine import Connection
-    from sqlalchemy.engine.reflection import Inspector
 
 __all__ = ["SnowflakeMigrationError", "convert_pk", "revert_pk"]
 
 RevertType = Literal["integer", "bigint"]
 
 _INT32_MAX = 2**31 - 1
-
-
-@dataclass
-class _Reference:
-    table: str
-    schema: str | None
-    name: str | None
-    column: str
-    nullable: bool
-    existing_type: TypeEngine[Any]
-    existing_default: Any
-    existing_comment: str | None
-    fk: dict[str, Any] = field(repr=False)
-
-
-@dataclass
-class _Target:
-    table: str
-    column: str
-    schema: str | None
-    info: dict[str, Any]
-    references: list[_Reference]
 
 
 def _bind(operations: Operations, what: str) -> Connection:
@@ -67,84 +43,13 @@ def _bind(operations: Operations, what: str) -> Connection:
     return operations.get_bind()
 
 
-def _inspect_target(bind: Connection, table: str, column: str, schema: str | None) -> _Target:
-    inspector = sa_inspect(bind)
-    if not inspector.has_table(table, schema=schema):
-        raise SnowflakeMigrationError(f"table {table!r} does not exist")
-    columns = {c["name"]: c for c in inspector.get_columns(table, schema=schema)}
-    if column not in columns:
-        raise SnowflakeMigrationError(f"table {table!r} has no column {column!r}")
-    pk = inspector.get_pk_constraint(table, schema=schema)["constrained_columns"]
-    if pk != [column]:
-        raise SnowflakeMigrationError(
-            f"{table}.{column} must be the table's only primary-key column (the primary key is "
-            f"{pk})"
-        )
-    info = dict(columns[column])
-    if not isinstance(info["type"], Integer):
-        raise SnowflakeMigrationError(
-            f"{table}.{column} is {info['type']!r}, not an integer type: only integer primary "
-            "keys can become Snowflake BIGINT keys without rewriting every reference"
-        )
-    references: list[_Reference] = []
-    default = inspector.default_schema_name
-    home = schema or default
-    for scanned in _schemas(bind, inspector, schema):
-        for other in inspector.get_table_names(schema=scanned):
-            other_columns: dict[str, Any] | None = None
-            for fk in inspector.get_foreign_keys(other, schema=scanned):
-                if fk["referred_table"] != table or column not in fk["referred_columns"]:
-                    continue
-                # None: the table visible without a schema name (the default schema)
-                if (fk.get("referred_schema") or default) != home:
-                    continue
-                if other_columns is None:
-                    other_columns = {
-                        c["name"]: c for c in inspector.get_columns(other, schema=scanned)
-                    }
-                local = fk["constrained_columns"][fk["referred_columns"].index(column)]
-                spec = other_columns[local]
-                references.append(
-                    _Reference(
-                        table=other,
-                        schema=scanned,
-                        name=fk.get("name"),
-                        column=local,
-                        nullable=bool(spec["nullable"]),
-                        existing_type=spec["type"],
-                        existing_default=spec.get("default"),
-                        existing_comment=spec.get("comment"),
-                        fk=dict(fk),
-                    )
-                )
-    return _Target(table, column, schema, info, references)
-
-
-def _schemas(bind: Connection, inspector: Inspector, schema: str | None) -> list[str | None]:
-    """Where referencing tables may live: on PostgreSQL every user schema (a foreign key from
-    another schema would otherwise stay ``integer``, as PostgreSQL accepts an ``integer``
-    reference to a ``bigint`` key); elsewhere the key's own schema (MariaDB refuses to change a
-    key that another database references, so nothing is missed silently)."""
-    if bind.dialect.name != "postgresql":
-        return [schema]
-    default = inspector.default_schema_name
-    found: list[str | None] = [schema]
-    for name in inspector.get_schema_names():
-        if name == "information_schema" or name.startswith("pg_"):
-            continue
-        candidate = None if name == default else name
-        if candidate not in found:
-            found.append(candidate)
-    return found
-
-
 def _quoted(bind: Connection, table: str, schema: str | None) -> str:
     preparer = bind.dialect.identifier_preparer
     name = preparer.quote(table)
     return f"{preparer.quote_schema(schema)}.{name}" if schema else name
 
 
-def _drop_references(operations: Operations, target: _Target) -> None:
+def _drop_references(operations: Operations, target: Target) -> None:
     for ref in target.references:
         if not ref.name:
             raise SnowflakeMigrationError(
@@ -154,7 +59,7 @@ def _drop_references(operations: Operations, target: _Target) -> None:
         operations.drop_constraint(ref.name, ref.table, type_="foreignkey", schema=ref.schema)
 
 
-def _create_references(operations: Operations, target: _Target) -> None:
+def _create_references(operations: Operations, target: Target) -> None:
     for ref in target.references:
         options = ref.fk.get("options") or {}
         assert ref.name is not None
@@ -174,7 +79,7 @@ def _create_references(operations: Operations, target: _Target) -> None:
 
 
 def _alter_references(
-    operations: Operations, target: _Target, type_: TypeEngine[Any]
+    operations: Operations, target: Target, type_: TypeEngine[Any]
 ) -> None:
     for ref in target.references:
         operations.alter_column(
@@ -194,7 +99,7 @@ def _server_default(reflected: Any) -> Any:
 
 
 def _drop_postgresql_autoincrement(
-    bind: Connection, operations: Operations, target: _Target
+    bind: Connection, operations: Operations, target: Target
 ) -> None:
     table = _quoted(bind, target.table, target.schema)
     column = bind.dialect.identifier_preparer.quote(target.column)
@@ -232,7 +137,7 @@ def convert_pk(
             f"server_default={server_default!r} needs PostgreSQL's server-side function "
             f"(this database is {dialect})"
         )
-    target = _inspect_target(bind, table, column, schema)
+    target = inspect_target(bind, table, column, schema)
     bigint = BigInteger()
     if dialect == "sqlite":
         sqlite_rebuild(operations, target, bigint, autoincrement=False)
@@ -256,7 +161,7 @@ def convert_pk(
     _create_references(operations, target)
 
 
-def _check_fits(bind: Connection, target: _Target, to: RevertType) -> None:
+def _check_fits(bind: Connection, target: Target, to: RevertType) -> None:
     if to != "integer" or bind.dialect.name == "sqlite":
         return  # SQLite's INTEGER holds 64 bits
     preparer = bind.dialect.identifier_preparer
@@ -291,7 +196,7 @@ def revert_pk(
     if type_ not in ("integer", "bigint"):
         raise InvalidArgumentError(f"type_ must be 'integer' or 'bigint', got {type_!r}")
     bind = _bind(operations, "revert_snowflake_pk")
-    target = _inspect_target(bind, table, column, schema)
+    target = inspect_target(bind, table, column, schema)
     _check_fits(bind, target, type_)
     new_type: TypeEngine[Any] = Integer() if type_ == "integer" else BigInteger()
     dialect = bind.dialect.name

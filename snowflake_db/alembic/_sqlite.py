@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from alembic.operations import Operations
     from sqlalchemy.engine import Connection
 
-    from ._convert import _Target
+    from ._target import Target
 
 __all__ = ["sqlite_rebuild"]
 
@@ -29,7 +29,7 @@ _RESTORE = "snowflake_db_restore_foreign_keys"
 
 
 def sqlite_rebuild(
-    operations: Operations, target: _Target, type_: TypeEngine[Any], *, autoincrement: bool
+    operations: Operations, target: Target, type_: TypeEngine[Any], *, autoincrement: bool
 ) -> None:
     bind = operations.get_bind()
     enforced = bool(bind.exec_driver_sql("PRAGMA foreign_keys").scalar())
@@ -61,7 +61,7 @@ def _restore_foreign_keys(dbapi_connection: Any, connection_record: Any) -> None
         dbapi_connection.execute("PRAGMA foreign_keys=ON")
 
 
-def _sqlite_foreign_keys_off(bind: Connection, target: _Target) -> None:
+def _sqlite_foreign_keys_off(bind: Connection, target: Target) -> None:
     """Rebuilding drops the old table; with foreign keys enforced, SQLite first deletes its rows,
     firing ON DELETE CASCADE (the children are lost) or failing. The pragma is a no-op
     inside a transaction, so refuse rather than rebuild with it on."""
@@ -79,7 +79,7 @@ def _sqlite_foreign_keys_off(bind: Connection, target: _Target) -> None:
 
 
 def _sqlite_rebuild_tables(
-    operations: Operations, target: _Target, type_: TypeEngine[Any], *, autoincrement: bool
+    operations: Operations, target: Target, type_: TypeEngine[Any], *, autoincrement: bool
 ) -> None:
     # sqlite_autoincrement would render AUTOINCREMENT, which SQLite allows only on a rowid
     # alias (INTEGER PRIMARY KEY): switch it off for the BIGINT table.

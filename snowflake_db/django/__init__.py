@@ -5,7 +5,8 @@
 extension point: ``fields``, ``apps``, ``models`` (worker tables) and ``migrations``, ``routers``,
 ``conf`` (the ``SNOWFLAKE_DB`` setting), ``checks``, ``management`` (``manage.py snowflake``),
 ``rest_framework``, ``json`` and ``admin``; for sharded tables, ``sharding`` (database router,
-manager) and ``operations`` (PostgreSQL partitioning migrations).
+manager) and ``operations`` (PostgreSQL partitioning migrations); ``public_ids`` (public order
+numbers on models, URLs, the admin and REST framework).
 """
 
 from __future__ import annotations

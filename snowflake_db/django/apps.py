@@ -58,7 +58,7 @@ class SnowflakeDbConfig(AppConfig):
         # dispatch_uid keeps one receiver per app config however often ready() runs.
         post_migrate.connect(widen_after_migrate, sender=self, dispatch_uid=__name__)
         from .conf import get_settings
-        from .public_id_settings import apply_public_id_keys
+        from .public_ids._settings import apply_public_id_keys
         from .worker import explain_invalid_settings
 
         try:

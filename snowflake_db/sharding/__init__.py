@@ -6,8 +6,7 @@ per-table rules (:mod:`snowflake_db.sharding.rules`) and the PostgreSQL partitio
 Framework glue lives with its framework:
 :mod:`snowflake_db.sqlalchemy.sharding` (horizontal sharding choosers, table-per-shard helper),
 :mod:`snowflake_db.django.sharding` (database router, manager) and
-:mod:`snowflake_db.django.operations` (partitioning migrations). The old paths
-``snowflake_db.sharding.sqlalchemy`` and ``snowflake_db.sharding.django`` forward to them.
+:mod:`snowflake_db.django.operations` (partitioning migrations).
 """
 
 from ..errors import ForeignIdError, ShardingError, UnknownShardError

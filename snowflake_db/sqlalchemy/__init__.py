@@ -5,13 +5,14 @@ it takes; the helpers here spell that out, add foreign-key columns of the right 
 and per-engine generators, and an optional ID-at-construction hook. Their default issues the
 keys of a multi-row INSERT with one ``next_ids`` call, and importing this package lets the ORM
 set the keys of new objects at flush so that it can send their INSERTs as one executemany
-(:mod:`snowflake_db.sqlalchemy.flush`). Sharded tables: :mod:`snowflake_db.sqlalchemy.sharding`
-(imported on its own: it loads SQLAlchemy's horizontal sharding extension).
+(:mod:`snowflake_db.sqlalchemy.flush`). ``bulk_load`` and ``bulk_load_with_children`` send
+many rows by the backend's bulk protocol (:mod:`snowflake_db.sqlalchemy.bulk`). Sharded tables:
+:mod:`snowflake_db.sqlalchemy.sharding` (imported on its own: it loads SQLAlchemy's horizontal
+sharding extension).
 """
 
-from typing import Any
-
 from ..process import snowflake_default
+from .bulk import bulk_load, bulk_load_with_children
 from .checks import NarrowColumn, narrow_snowflake_columns, require_wide_snowflake_columns
 from .columns import (
     SNOWFLAKE_INFO_KEY,
@@ -56,15 +57,3 @@ __all__ = [
 ]
 
 install_flush_hook()
-
-_BULK = ("bulk_load", "bulk_load_with_children")
-
-
-def __getattr__(name: str) -> Any:
-    """``bulk_load`` and ``bulk_load_with_children`` live in :mod:`snowflake_db.bulk.sqlalchemy`
-    (which imports this package): loaded on first use, so neither import needs the other's end."""
-    if name in _BULK:
-        from ..bulk import sqlalchemy as bulk
-
-        return getattr(bulk, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,8 +9,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.urls import path, register_converter
 
-from snowflake_db.django.public_id_admin import PublicIdAdminMixin
-from snowflake_db.django.public_id_urls import public_id_converter
+from snowflake_db.django.public_ids import PublicIdAdminMixin, public_id_converter
 from tests.django_project.shop.models import Order
 
 register_converter(public_id_converter("orders"), "order_number")

@@ -22,7 +22,7 @@ from rest_framework import serializers
 from rest_framework.renderers import JSONRenderer
 
 from snowflake_db.django.conf import parse
-from snowflake_db.django.public_id_serializers import PublicIdField, PublicIdRelatedField
+from snowflake_db.django.public_ids.serializers import PublicIdField, PublicIdRelatedField
 from snowflake_db.errors import InvalidArgumentError, PublicIdError
 from snowflake_db.public_ids import (
     PublicIdCodec,

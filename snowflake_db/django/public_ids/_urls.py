@@ -1,17 +1,13 @@
-"""A URL path converter for public numbers: ``path("orders/<order_number:pk>/", ...)``.
+"""The URL path converter of public numbers (:func:`public_id_converter` says how it behaves).
 
-``register_converter(public_id_converter("orders"), "order_number")`` once (in ``urls.py``);
-the view then receives the decoded key as an ``int``, and a text that is not a number of the
-namespace (mistyped, another key or namespace) does not match, so Django answers 404. Django
-treats a ``ValueError`` from ``to_python`` as no match
+Django treats a ``ValueError`` from ``to_python`` as no match
 (https://docs.djangoproject.com/en/stable/topics/http/urls/#registering-custom-path-converters),
-and ``PublicIdError`` is one. ``reverse()`` takes the key (or a public number) and puts the
-public number in the URL.
+and ``PublicIdError`` is one.
 """
 
 from __future__ import annotations
 
-from ..errors import InvalidArgumentError
+from ...errors import InvalidArgumentError
 
 __all__ = ["public_id_converter"]
 
@@ -27,12 +23,12 @@ class PublicIdConverter:
     namespace = ""
 
     def to_python(self, value: str) -> int:
-        from ..public_ids import codec_for
+        from ...public_ids import codec_for
 
         return codec_for(self.namespace).decode(value)
 
     def to_url(self, value: int | str) -> str:
-        from ..public_ids import codec_for
+        from ...public_ids import codec_for
 
         codec = codec_for(self.namespace)
         if isinstance(value, str):
@@ -41,7 +37,14 @@ class PublicIdConverter:
 
 
 def public_id_converter(namespace: str) -> type[PublicIdConverter]:
-    """A converter class for ``django.urls.register_converter`` decoding ``namespace``."""
+    """A converter class for ``django.urls.register_converter`` decoding ``namespace``:
+    ``path("orders/<order_number:pk>/", ...)``.
+
+    ``register_converter(public_id_converter("orders"), "order_number")`` once (in ``urls.py``);
+    the view then receives the decoded key as an ``int``, and a text that is not a number of the
+    namespace (mistyped, another key or namespace) does not match, so Django answers 404.
+    ``reverse()`` takes the key (or a public number) and puts the public number in the URL.
+    """
     if not isinstance(namespace, str) or not namespace:
         raise InvalidArgumentError(
             f"a public number namespace must be a non-empty string, got {namespace!r}"

@@ -9,14 +9,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .conf import SETTING_NAME, SnowflakeSettings, parse
+from ..conf import SETTING_NAME, SnowflakeSettings, parse
 
 
 def apply_public_id_keys(conf: SnowflakeSettings) -> None:
     """Configure the keys of ``PUBLIC_ID_KEYS``; without it, leave the process's keys alone
     (``configure_public_ids()`` made elsewhere, else the environment variable)."""
     if conf.public_id_keys is not None:
-        from ..public_ids import configure_public_ids
+        from ...public_ids import configure_public_ids
 
         configure_public_ids(conf.public_id_keys)
 
@@ -29,6 +29,6 @@ def _reconfigure(*, setting: str, value: Any = None, **kwargs: Any) -> None:
         keys = parse(value).public_id_keys
     except ImproperlyConfigured:
         keys = None  # reported by check E001 and by get_settings()
-    from ..public_ids import configure_public_ids
+    from ...public_ids import configure_public_ids
 
     configure_public_ids(keys)

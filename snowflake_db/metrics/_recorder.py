@@ -18,12 +18,12 @@ from collections.abc import Iterator
 from operator import length_hint
 from typing import TYPE_CHECKING
 
-from . import forks
-from ._metrics_events import notify
-from ._metrics_figures import Totals
+from .. import forks
+from ._events import notify
+from ._figures import Totals
 
 if TYPE_CHECKING:
-    from .layout import Layout
+    from ..layout import Layout
 
 __all__ = ["STRAGGLER_SECONDS", "MetricsRecorder", "registry"]
 

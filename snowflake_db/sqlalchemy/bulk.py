@@ -22,10 +22,10 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Mapper, Session
 from sqlalchemy.orm.exc import UnmappedColumnError
 
+from ..bulk.load import load_rows
+from ..bulk.table import BulkTable, ColumnRows, fill_key_column, rows_as_lists
 from ..errors import BulkLoadError
-from ..sqlalchemy.generators import snowflake_default_of
-from .load import load_rows
-from .table import BulkTable, ColumnRows, fill_key_column, rows_as_lists
+from .generators import snowflake_default_of
 
 __all__ = ["bulk_load", "bulk_load_with_children"]
 

@@ -1,33 +1,41 @@
-"""Public numbers on Django models: ``public_id = PublicId(namespace="orders")``.
+"""``PublicId``, the model field of a public number, its system checks, and the lookups that
+decode a number into a comparison with the key (the package's docstring says how they behave).
 
-The number is derived from the primary key by :mod:`snowflake_db.public_ids`, so nothing is
-stored and no migration is made: ``order.public_id`` encodes ``order.pk``, and
-``Order.objects.get(public_id=text)`` / ``filter(public_id=text)`` / ``public_id__in=[...]``
-decode the text into a primary-key comparison. A text that is not a number of this namespace
-(mistyped, another key or namespace) matches no row: ``get()`` raises ``DoesNotExist`` and
-``filter()`` is empty, as for any key that is not there. Code that decodes a number itself
-(``Order.public_id_field.decode(text)``, or ``PublicIdField.key_for``) gets a
-``PublicIdError`` that says why.
+The checks (:meth:`PublicId.check`) report at ``manage.py check`` what would otherwise fail at the
+first number shown:
 
-``PublicId`` is a private, column-less field like Django's ``CompositePrimaryKey``
-(https://docs.djangoproject.com/en/stable/ref/models/fields/#compositeprimarykey): queries see
-it, migrations, forms and serializers do not.
+============================  =================================================================
+``snowflake_db.W020``         no public-ID keys are configured (a warning: code may still call
+                              ``configure_public_ids()`` after the checks have run)
+``snowflake_db.E020``         the keys are invalid, or the codec cannot be built (the
+                              ``public-ids`` extra is missing)
+``snowflake_db.E021``         ``field=`` names no field of the model, or one that is no integer
+============================  =================================================================
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from django.core.exceptions import EmptyResultSet
+from django.apps import apps
+from django.core import checks
+from django.core.exceptions import EmptyResultSet, FieldDoesNotExist, ImproperlyConfigured
 from django.db import models
 from django.db.models.expressions import Col
 from django.db.models.lookups import Exact, In, Lookup
 
-from .._validate import require_int
-from ..errors import InvalidArgumentError, InvalidArgumentTypeError, PublicIdError
+from ..._validate import require_int
+from ...errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    PublicIdError,
+    PublicIdKeysNotConfiguredError,
+    SnowflakeError,
+)
 
 if TYPE_CHECKING:
-    from ..public_ids import PublicIdCodec
+    from ...public_ids import PublicIdCodec
 
 __all__ = ["PublicId"]
 
@@ -77,7 +85,8 @@ class PublicId(models.Field):  # type: ignore[type-arg]
 
     ``field`` names the key it encodes (default ``"pk"``); ``group`` hyphenates the number for
     display (``group=4``: ``ABCD-EFGH-...``); lookups accept either form. Keys come from
-    ``SNOWFLAKE_DB["PUBLIC_ID_KEYS"]`` or the ``SNOWFLAKE_DB_PUBLIC_ID_KEYS`` variable.
+    ``SNOWFLAKE_DB["PUBLIC_ID_KEYS"]`` or the ``SNOWFLAKE_DB_PUBLIC_ID_KEYS`` variable;
+    ``manage.py check`` reports them missing or unusable (:meth:`check`).
     """
 
     description = "Public number derived from a Snowflake key"
@@ -99,6 +108,8 @@ class PublicId(models.Field):  # type: ignore[type-arg]
 
     def deconstruct(self) -> Any:
         name, path, args, kwargs = super().deconstruct()
+        if path == f"{__name__}.PublicId":
+            path = "snowflake_db.django.public_ids.PublicId"  # the import path, not the module's
         for injected in ("editable", "serialize", "blank", "null"):
             kwargs.pop(injected, None)
         kwargs.update(namespace=self.namespace)
@@ -127,11 +138,64 @@ class PublicId(models.Field):  # type: ignore[type-arg]
     def get_col(self, alias: str | None, output_field: Any = None) -> Col:
         return _PublicIdCol(alias, self.target, output_field=self)
 
+    # -- system checks --------------------------------------------------------------------
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """Django's field checks, then the key this field encodes and the keys it encodes with
+        (Django checks no private field: :func:`check_public_id_fields` calls this)."""
+        return [*super().check(**kwargs), *self._check_target(), *self._check_keys()]
+
+    def _check_target(self) -> list[checks.CheckMessage]:
+        model = self.model._meta.label
+        try:
+            target = self.target
+        except FieldDoesNotExist:
+            return [checks.Error(
+                f"field={self.target_name!r} names no field of {model}",
+                hint="Name the model's Snowflake key field (or leave field out: the primary key).",
+                obj=self, id="snowflake_db.E021",
+            )]
+        key = target.target_field if target.is_relation else target
+        if not isinstance(key, models.IntegerField):
+            return [checks.Error(
+                f"field={self.target_name!r} names {model}.{target.name}, a "
+                f"{type(target).__name__}: a public number encodes an integer key",
+                hint="Name the model's Snowflake key field (a SnowflakeField or the primary key).",
+                obj=self, id="snowflake_db.E021",
+            )]
+        return []
+
+    def _check_keys(self) -> list[checks.CheckMessage]:
+        from ...public_ids import ENV_VAR, codec_for
+        from ..conf import get_settings
+
+        try:
+            get_settings()
+        except ImproperlyConfigured:
+            return []  # SNOWFLAKE_DB is invalid, PUBLIC_ID_KEYS perhaps: check E001 says so
+        try:
+            codec_for(self.namespace)
+        except PublicIdKeysNotConfiguredError:
+            return [checks.Warning(
+                f"no public-ID keys are configured for namespace {self.namespace!r}: every "
+                "number shown will raise PublicIdKeysNotConfiguredError",
+                hint='Set SNOWFLAKE_DB["PUBLIC_ID_KEYS"] (read from a secret; the '
+                f"snowflake_db.django app applies it) or the {ENV_VAR} environment variable; "
+                "`snowflake-db public generate-key` makes a key.",
+                obj=self, id="snowflake_db.W020",
+            )]
+        except SnowflakeError as error:
+            return [checks.Error(
+                f"cannot encode public numbers of namespace {self.namespace!r}: {error}",
+                obj=self, id="snowflake_db.E020",
+            )]
+        return []
+
     # -- encoding -------------------------------------------------------------------------
 
     @property
     def codec(self) -> PublicIdCodec:
-        from ..public_ids import codec_for
+        from ...public_ids import codec_for
 
         return codec_for(self.namespace)
 
@@ -163,6 +227,26 @@ class PublicId(models.Field):  # type: ignore[type-arg]
 
     def to_python(self, value: Any) -> Any:
         return value
+
+
+@checks.register(checks.Tags.models)
+def check_public_id_fields(
+    app_configs: Iterable[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Run :meth:`PublicId.check` on every model's ``PublicId`` fields (as Django's
+    contenttypes app does for its ``GenericForeignKey``, another private field)."""
+    in_scope = (
+        apps.get_models()
+        if app_configs is None
+        else [model for app_config in app_configs for model in app_config.get_models()]
+    )
+    return [
+        message
+        for model in in_scope
+        for field in model._meta.private_fields
+        if isinstance(field, PublicId) and field.model is model
+        for message in field.check(**kwargs)
+    ]
 
 
 @PublicId.register_lookup

@@ -18,8 +18,8 @@ parent (whose own counts are unaffected), so every process reports only what it 
 Counters are never lowered while their process lives: a generator or allocator that is
 garbage-collected leaves its totals to the process.
 
-This module is the public face; the figures are declared in :mod:`._metrics_figures`,
-counted in :mod:`._metrics_recorder` and told to listeners in :mod:`._metrics_events`.
+This ``__init__`` is the package's public face; the figures are declared in :mod:`._figures`,
+counted in :mod:`._recorder` and told to listeners in :mod:`._events`.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import forks
-from ._metrics_events import EVENTS, Listener, add_listener, remove_listener
-from ._metrics_figures import FIGURES, Figure, MetricsSnapshot, SlotCounts, SlotRowLike, Totals
-from ._metrics_recorder import STRAGGLER_SECONDS, MetricsRecorder, registry
-from .errors import InvalidArgumentTypeError, SnowflakeError
+from .. import forks
+from ..errors import InvalidArgumentTypeError, SnowflakeError
+from ._events import EVENTS, Listener, add_listener, remove_listener
+from ._figures import FIGURES, Figure, MetricsSnapshot, SlotCounts, SlotRowLike, Totals
+from ._recorder import STRAGGLER_SECONDS, MetricsRecorder, registry
 
 if TYPE_CHECKING:
-    from .layout import Layout
+    from ..layout import Layout
 
 __all__ = [
     "EVENTS",

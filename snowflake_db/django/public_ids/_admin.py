@@ -1,11 +1,4 @@
-"""Admin support for public numbers: shown on the change form, searchable by number.
-
-``list_display = ["public_id", ...]`` and ``readonly_fields = ["public_id"]`` work on their own
-(a :class:`~snowflake_db.django.public_ids.PublicId` is an attribute of every object), and
-``search_fields = ["=public_id"]`` finds the one object whose number is searched for.
-:class:`PublicIdAdminMixin` does both for you. A search text that is no number of the namespace
-matches nothing through this field; the other search fields still apply.
-"""
+"""Admin support for public numbers (:class:`PublicIdAdminMixin` says how it behaves)."""
 
 from __future__ import annotations
 
@@ -15,7 +8,15 @@ __all__ = ["PublicIdAdminMixin"]
 
 
 class PublicIdAdminMixin:
-    """Adds ``public_id_field`` (default ``"public_id"``) to the read-only and search fields."""
+    """Adds ``public_id_field`` (default ``"public_id"``) to the read-only and search fields:
+    the number is shown on the change form and searchable.
+
+    ``list_display = ["public_id", ...]`` and ``readonly_fields = ["public_id"]`` work on their
+    own (a :class:`~snowflake_db.django.public_ids.PublicId` is an attribute of every object),
+    and ``search_fields = ["=public_id"]`` finds the one object whose number is searched for;
+    this mixin does both for you. A search text that is no number of the namespace matches
+    nothing through this field; the other search fields still apply.
+    """
 
     public_id_field = "public_id"
 

@@ -13,13 +13,13 @@ from typing import Any
 
 from rest_framework import serializers
 
-from ..errors import PublicIdError
+from ...errors import PublicIdError
 
 __all__ = ["PublicIdField", "PublicIdRelatedField"]
 
 
 def _codec(namespace: str) -> Any:
-    from ..public_ids import codec_for
+    from ...public_ids import codec_for
 
     return codec_for(namespace)
 

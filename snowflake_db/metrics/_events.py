@@ -1,6 +1,6 @@
 """The events of :mod:`snowflake_db.metrics` and the listeners told about each as it happens.
 
-Kept apart from the counting (:mod:`._metrics_recorder`): listeners are the user's code, called
+Kept apart from the counting (:mod:`._recorder`): listeners are the user's code, called
 on the thread that saw the event, and one that raises must never reach the ID it was called for.
 """
 
@@ -10,7 +10,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from .errors import InvalidArgumentError, InvalidArgumentTypeError
+from ..errors import InvalidArgumentError, InvalidArgumentTypeError
 
 __all__ = ["EVENTS", "Listener", "add_listener", "notify", "remove_listener"]
 

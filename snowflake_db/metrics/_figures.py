@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .layout import Layout
+    from ..layout import Layout
 
 __all__ = [
     "FIGURES",
