@@ -62,10 +62,10 @@ import subprocess
 import sys
 import time
 import uuid
-import xml.etree.ElementTree as ElementTree
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
+from xml.etree import ElementTree
 
 from django_suite import DEFAULT_POSTGRES_URL, _run, failing_tests
 
@@ -346,7 +346,7 @@ class Run:
         (folder / "__init__.py").write_text("")
         apps = ["tests"]
         if self.env["SUITE_TAGGIT_THROUGH"] == SUITE_THROUGH:
-            apps.append(SUITE_THROUGH.split(".")[0])  # the script's own through model's app
+            apps.append(SUITE_THROUGH.partition(".")[0])  # the script's own through model's app
             shutil.rmtree(self.work_dir / apps[-1] / "migrations", ignore_errors=True)
         output = self.django_admin("makemigrations", *apps, "--skip-checks")
         (self.work_dir / f"{self.label}-makemigrations.log").write_text(output)
