@@ -33,6 +33,14 @@ It then prints, per suite, the failing tests of each run and those failing only 
 keys, each with its reason from ``EXPECTED`` (tests that assume small or sequential keys) or
 ``UNEXPECTED``. ``--check`` exits 1 on any unexpected difference.
 
+Oscar's test site forks three apps (catalogue, customer, partner) and has a user app of its own
+(myauth), whose migrations are older than Oscar's keys following ``DEFAULT_AUTO_FIELD`` and
+spell out ``AutoField``: left so, ``migrate`` makes their keys ``integer`` whatever the setting
+says, and ``check --database`` reports 84 such columns (E010). Both runs use copies of them,
+written into the work dir, that take the key's class from the setting as Oscar 4.2's own
+migrations (and the copies ``oscar_fork_app`` makes of them) do: the shop a user starts with
+Oscar 4.2 and Snowflake keys.
+
 Oscar runs under pytest with pytest-xdist (``--parallel``, default 2) and pytest-timeout; taggit
 under Django's test runner. Every run is bounded by ``--timeout`` seconds; databases are named
 per run and dropped afterwards, leftovers of a killed run too. taggit's test app ("tests") has
@@ -83,9 +91,19 @@ TAGGIT_THROUGH_DEFAULT: str | None = None
 #: ``--taggit-through suite``: the minimal through model this script writes (see the docstring).
 SUITE_THROUGH = "shop_suite_through.models.BigTaggedItem"
 
-#: Tests that fail only with Snowflake keys by design, with the reason (docs/benchmarks.md
-#: lists them). Keys: "oscar:<pytest node id>" or "taggit:<unittest id>".
-EXPECTED: dict[str, str] = {}
+#: Tests that may fail only with Snowflake keys, with the reason (docs/benchmarks.md lists
+#: them). Keys: "oscar:<pytest node id>" or "taggit:<unittest id>". No test of either suite
+#: assumes small or sequential keys (measured 2026-11-27); what remains is not by design.
+EXPECTED: dict[str, str] = dict.fromkeys(
+    [
+        "oscar:tests/functional/dashboard/test_catalogue.py::TestAStaffUser::"
+        "test_can_delete_a_child_product",
+        "oscar:tests/functional/dashboard/test_catalogue.py::TestAStaffUser::"
+        "test_can_delete_a_parent_product",
+    ],
+    "not the keys: pytest-xdist workers share Oscar's one whoosh index folder "
+    "(FileNotFoundError in whoosh's commit); one of the two fails in either run",
+)
 
 _TAGGIT_DEFAULT_THROUGH = (
     "asserts on taggit's own TaggedItem (or a taggit feature hard-wired to it: the "
@@ -125,27 +143,36 @@ TAGGIT_TEST_MODELS_NARROW = (
     "TaggedItem used directly): snowflake_db.E012 reports each before the run"
 )
 
-SETTINGS = {
-    "oscar": '''\
-"""Written by benchmarks/shop_suites.py: Oscar's test settings, one run's keys and database."""
+#: The settings module of a suite (``{suite}``): its own test settings, then this run's
+#: database, keys and app, from the environment the script sets.
+_SETTINGS_HEAD = '''\
+"""Written by benchmarks/shop_suites.py: {suite}'s test settings, one run's keys and database."""
 import os
 
 from tests.settings import *  # noqa: F403
 from tests.settings import INSTALLED_APPS
 
 _run = os.environ["SUITE_RUN"]
-DATABASES = {
-    "default": {
+DATABASES = {{
+    "default": {{
         "ENGINE": "django.db.backends.postgresql",
         "NAME": _run,
         "USER": os.environ["SUITE_DB_USER"],
         "PASSWORD": os.environ["SUITE_DB_PASSWORD"],
         "HOST": os.environ["SUITE_DB_HOST"],
         "PORT": os.environ["SUITE_DB_PORT"],
-        "TEST": {"NAME": f"test_{_run}"},
-    }
-}
+        "TEST": {{"NAME": f"test_{{_run}}"}},
+    }}
+}}
 DEFAULT_AUTO_FIELD = os.environ["SUITE_AUTO_FIELD"]
+if os.environ.get("SUITE_FREEZEGUN_IGNORE"):
+    # --freezegun-ignore: a test that freezes time leaves snowflake_db the real clock.
+    import freezegun
+
+    freezegun.configure(extend_ignore_list=["snowflake_db"])
+'''
+SETTINGS = {
+    "oscar": _SETTINGS_HEAD.format(suite="Oscar") + '''\
 # The test site's forked apps, their migrations' keys following DEFAULT_AUTO_FIELD.
 MIGRATION_MODULES = {
     label: f"shop_oscar_migrations.{label}" for label in os.environ["SUITE_OSCAR_FORKED"].split()
@@ -154,26 +181,7 @@ if os.environ.get("SUITE_APP"):
     INSTALLED_APPS = [*INSTALLED_APPS, "snowflake_db.django"]
     SNOWFLAKE_DB = {"WORKER_SOURCE": "table"}
 ''',
-    "taggit": '''\
-"""Written by benchmarks/shop_suites.py: taggit's test settings, one run's keys and database."""
-import os
-
-from tests.settings import *  # noqa: F403
-from tests.settings import INSTALLED_APPS
-
-_run = os.environ["SUITE_RUN"]
-DATABASES = {
-    "default": {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": _run,
-        "USER": os.environ["SUITE_DB_USER"],
-        "PASSWORD": os.environ["SUITE_DB_PASSWORD"],
-        "HOST": os.environ["SUITE_DB_HOST"],
-        "PORT": os.environ["SUITE_DB_PORT"],
-        "TEST": {"NAME": f"test_{_run}"},
-    }
-}
-DEFAULT_AUTO_FIELD = os.environ["SUITE_AUTO_FIELD"]
+    "taggit": _SETTINGS_HEAD.format(suite="taggit") + '''\
 if os.environ.get("SUITE_TAGGIT_MIGRATIONS"):
     # The test app's migrations spell out AutoField keys: this run's, made by makemigrations.
     MIGRATION_MODULES = {"tests": os.environ["SUITE_TAGGIT_MIGRATIONS"]}
@@ -268,8 +276,8 @@ def prepare(work_dir: Path, python: str, django: str, oscar: str, taggit: str) -
     return venv_python
 
 
-#: Oscar's test site forks these apps (label -> migrations folder in the source); their
-#: migrations predate Oscar's keys following ``DEFAULT_AUTO_FIELD`` and spell out AutoField.
+#: The apps Oscar's test site forks, and its user app (label -> migrations folder in the
+#: source): their migrations predate keys following ``DEFAULT_AUTO_FIELD``, spelling out AutoField.
 OSCAR_FORKED = {
     "catalogue": "tests/_site/apps/catalogue/migrations",
     "customer": "tests/_site/apps/customer/migrations",
@@ -285,11 +293,8 @@ _FOLLOW_SETTING = (
 
 
 def oscar_migrations(source: Path, work_dir: Path) -> None:
-    """Copy the test site's forked apps' migrations into the work dir, their automatic keys
-    made from ``DEFAULT_AUTO_FIELD`` at run time as Oscar's own migrations (and so the copies
-    ``oscar_fork_app`` makes today) do: a shop forked from Oscar 4.2, whose keys follow the
-    setting. Unchanged, they make integer keys whatever the setting says (every Snowflake key
-    then fails with "integer out of range"; ``check --database`` reports each column, E010)."""
+    """Copy ``OSCAR_FORKED``'s migrations into the work dir, their automatic keys made from
+    ``DEFAULT_AUTO_FIELD`` at run time as Oscar's own migrations do (see the module docstring)."""
     package = work_dir / "shop_oscar_migrations"
     shutil.rmtree(package, ignore_errors=True)
     package.mkdir()
@@ -332,7 +337,7 @@ else:
                 (sys.argv[2] + "%", "test_" + sys.argv[2] + "%"))
     for (name,) in cur.fetchall():
         cur.execute('DROP DATABASE "%s" WITH (FORCE)' % name)
-        print("dropped leftover database", name)
+        print("dropped database", name)
 '''
 
 
@@ -345,12 +350,15 @@ class Run:
     """One suite in one configuration: its environment, database names and log."""
 
     def __init__(self, suite: str, field: str, *, venv_python: Path, source: Path,
-                 work_dir: Path, through: str | None) -> None:
+                 work_dir: Path, through: str | None, freezegun_ignore: bool = False,
+                 subset: bool = False) -> None:
         auto_field, installed = RUNS[field]
         self.suite, self.field = suite, field
         self.venv_python, self.source, self.work_dir = venv_python, source, work_dir
         self.name = f"shop_{suite}_{field}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-        self.label = f"{suite}-{field}{'-through' if through and installed else ''}"
+        variants = [name for name, used in (("through", through), ("freezegun", freezegun_ignore),
+                                            ("subset", subset)) if used and installed]
+        self.label = "-".join([suite, field, *variants])
         self.log = work_dir / f"{self.label}.log"
         self.junit = work_dir / f"{self.label}.xml"
         self.env = {
@@ -363,6 +371,7 @@ class Run:
             "SUITE_APP": "1" if installed else "",
             "SUITE_TAGGIT_THROUGH": (through or "") if installed else "",
             "SUITE_OSCAR_FORKED": " ".join(OSCAR_FORKED),
+            "SUITE_FREEZEGUN_IGNORE": "1" if freezegun_ignore else "",
             "SUITE_TAGGIT_MIGRATIONS": (
                 f"shop_taggit_migrations_{field}" if suite == "taggit" and installed else ""),
         }
@@ -471,11 +480,12 @@ def junit_failures(path: Path) -> dict[str, str]:
         problems = [child for child in case if child.tag in ("failure", "error")]
         if not problems:
             continue
-        file = case.get("file", "")
-        module = file.removesuffix(".py").replace("/", ".")
-        classname = case.get("classname", "")
-        cls = classname.removeprefix(module).lstrip(".")
-        node = "::".join(part for part in (file or classname, cls, case.get("name", "")) if part)
+        # The class's own module (the "file" attribute names the module of a mixin's method)
+        # ends where the capitalised class names begin.
+        parts = case.get("classname", "").split(".")
+        first_class = next((i for i, part in enumerate(parts) if part[:1].isupper()), len(parts))
+        path = "/".join(parts[:first_class]) + ".py"
+        node = "::".join([path, *parts[first_class:], case.get("name", "")])
         failing[node] = "\n".join(f"{p.get('message', '')}\n{p.text or ''}" for p in problems)
     return failing
 
@@ -527,6 +537,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=ROOT / ".venv" / "shop-suites")
     parser.add_argument("--tests", nargs="+", default=[],
                         help="only these tests (pytest node ids or unittest labels; one suite)")
+    parser.add_argument("--freezegun-ignore", action="store_true",
+                        help="snowflake run: freezegun.configure(extend_ignore_list="
+                        "['snowflake_db']) (tests that freeze time otherwise poison the "
+                        "process's leased generator)")
     parser.add_argument("--skip-checks", action="store_true", help="run no `check` first")
     parser.add_argument("--checks-only", action="store_true",
                         help="run the `check` step of the snowflake run(s), no suite")
@@ -559,7 +573,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         failing: dict[str, dict[str, str]] = {}
         for field in runs:
             run = Run(suite, field, venv_python=venv_python, source=source, work_dir=work_dir,
-                      through=through if suite == "taggit" else None)
+                      through=through if suite == "taggit" else None,
+                      freezegun_ignore=args.freezegun_ignore, subset=bool(args.tests))
             if args.reanalyse:
                 failing[field] = run.failures()
                 print(f"{suite:7} {field:10} {len(failing[field]):4} failing  (reused {run.log})")
