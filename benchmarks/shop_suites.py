@@ -41,6 +41,12 @@ written into the work dir, that take the key's class from the setting as Oscar 4
 migrations (and the copies ``oscar_fork_app`` makes of them) do: the shop a user starts with
 Oscar 4.2 and Snowflake keys.
 
+Three of Oscar's test modules freeze time with freezegun, which patches ``time.monotonic``: the
+worker lease then looks expired and that process's generator issues no key for the rest of the
+run (LeaseExpiredError, ClockSkewError). ``--freezegun-ignore`` makes freezegun leave
+snowflake_db the real clock (``freezegun.configure(extend_ignore_list=["snowflake_db"])``),
+to see what else fails; by default the script runs the suites as users would.
+
 Oscar runs under pytest with pytest-xdist (``--parallel``, default 2) and pytest-timeout; taggit
 under Django's test runner. Every run is bounded by ``--timeout`` seconds; databases are named
 per run and dropped afterwards, leftovers of a killed run too. taggit's test app ("tests") has
