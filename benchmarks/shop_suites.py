@@ -81,7 +81,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 from xml.etree import ElementTree
 
-from django_suite import DEFAULT_POSTGRES_URL, _run, failing_tests
+from django_suite import (
+    _UNFINISHED,
+    DEFAULT_POSTGRES_URL,
+    build_venv,
+    failing_tests,
+    report,
+    unfinished_runs,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -251,24 +258,14 @@ _TEST_REQUIREMENTS = (
 )
 
 _FINDING = re.compile(r"^(.*\((snowflake_db\.[EW]\d+)\).*)$", re.MULTILINE)
-_UNFINISHED = "<the run did not finish"
 
 
 def prepare(work_dir: Path, python: str, django: str, oscar: str, taggit: str) -> Path:
     """Build the venv (once per requirement set and pyproject.toml change); its python."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
-    venv = work_dir / f"venv-oscar{oscar}-taggit{taggit}-django{django}-py{version}"
-    venv_python = venv / "bin" / "python"
-    stamp = venv / ".installed"
-    if not stamp.exists() or stamp.stat().st_mtime < (ROOT / "pyproject.toml").stat().st_mtime:
-        _run([python, "-m", "venv", str(venv)])
-        _run([str(venv_python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
-        _run([str(venv_python), "-m", "pip", "install", "--quiet", f"django=={django}.*",
-              f"django-oscar=={oscar}", f"django-taggit=={taggit}", *_TEST_REQUIREMENTS,
-              "-e", f"{ROOT}[sqlalchemy,postgres]"])
-        stamp.touch()
+    venv_python = build_venv(python, work_dir, f"oscar{oscar}-taggit{taggit}-django{django}", [
+        f"django=={django}.*", f"django-oscar=={oscar}", f"django-taggit=={taggit}",
+        *_TEST_REQUIREMENTS, "-e", f"{ROOT}[sqlalchemy,postgres]"])
     for name, text in SETTINGS.items():
         (work_dir / f"shop_{name}_settings.py").write_text(text)
     hook = work_dir / "shop_suite_taggit_hook"
@@ -614,29 +611,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             row["differ"] = len(extra)
             row["32-bit"] = sum(any(error in failing["snowflake"][name]
                                     for error in _NARROW_COLUMN_ERRORS) for name in extra)
-        unfinished = [name for run_failing in failing.values() for name in run_failing
-                      if name.startswith(_UNFINISHED)]
-        for name in unfinished:
-            print(f"  {name}  (UNEXPECTED)")
-        unexpected += len(unfinished)
+        unexpected += unfinished_runs(failing)
         row["unexpected"] = unexpected
         unexpected_total += unexpected
         rows.append(row)
 
     if args.checks_only:
         return 0
-    columns = [c for c in ("suite", *RUNS, "differ", "32-bit", "unexpected")
-               if any(c in r for r in rows)]
-    print("\nShop suites on PostgreSQL: failing tests per run")
-    print("  ".join(f"{c:>10}" for c in columns))
-    for row in rows:
-        print("  ".join(f"{row.get(c, '-')!s:>10}" for c in columns))
-    print("(auto: AutoField; snowflake: SnowflakeAutoField with snowflake_db.django installed; "
-          "differ: failing only with snowflake, of which 32-bit: 'integer out of range'; "
-          "those without a reason in EXPECTED are unexpected)")
-    verdict = "PASS" if unexpected_total == 0 else "FAIL"
-    print(f"target: no unexpected difference -> {verdict} ({unexpected_total} unexpected)")
-    return 1 if args.check and unexpected_total else 0
+    return report(
+        "Shop suites on PostgreSQL: failing tests per run",
+        ["suite", *RUNS, "differ", "32-bit", "unexpected"], rows,
+        "auto: AutoField; snowflake: SnowflakeAutoField with snowflake_db.django installed; "
+        "differ: failing only with snowflake, of which 32-bit: 'integer out of range'; "
+        "those without a reason in EXPECTED are unexpected",
+        unexpected_total, check=args.check)
 
 
 if __name__ == "__main__":
