@@ -477,7 +477,7 @@ def _clip(line: str, limit: int = 240) -> str:
 
 
 def junit_failures(path: Path) -> dict[str, str]:
-    """Failing and erroring tests of a pytest junit file (xunit1), as pytest node ids."""
+    """Failing and erroring tests of a pytest junit file, as pytest node ids."""
     failing: dict[str, str] = {}
     for case in ElementTree.parse(path).getroot().iter("testcase"):
         problems = [child for child in case if child.tag in ("failure", "error")]
@@ -493,7 +493,7 @@ def junit_failures(path: Path) -> dict[str, str]:
     return failing
 
 
-def expected_reason(suite: str, name: str, report: str, *, through: bool) -> str | None:
+def expected_reason(suite: str, name: str, failure: str, *, through: bool) -> str | None:
     """Why a test may fail with Snowflake keys only, or None if it must not. Without a
     64-bit through model every taggit test that tags fails on taggit.TaggedItem's 32-bit
     object_id: a gap (E012 reports it), not expected."""
@@ -502,7 +502,7 @@ def expected_reason(suite: str, name: str, report: str, *, through: bool) -> str
     if suite == "taggit" and through:
         if name in EXPECTED_THROUGH:
             return EXPECTED_THROUGH[name]
-        if any(error in report for error in _NARROW_COLUMN_ERRORS):
+        if any(error in failure for error in _NARROW_COLUMN_ERRORS):
             return TAGGIT_TEST_MODELS_NARROW
     return None
 
@@ -512,9 +512,9 @@ def differences(failing: dict[str, dict[str, str]]) -> list[str]:
                   if not name.startswith(_UNFINISHED))
 
 
-def _short(report: str) -> str:
-    """The report's most telling line: the database's or the assertion's."""
-    lines = [line.strip() for line in report.splitlines() if line.strip()]
+def _short(failure: str) -> str:
+    """The failure's most telling line: the database's or the assertion's."""
+    lines = [line.strip() for line in failure.splitlines() if line.strip()]
     for marker in (*_NARROW_COLUMN_ERRORS, "Error:", "assert", "Error"):
         for line in reversed(lines):
             if marker in line:
