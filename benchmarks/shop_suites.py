@@ -115,7 +115,7 @@ EXPECTED: dict[str, str] = dict.fromkeys(
         "test_can_delete_a_parent_product",
     ],
     "not the keys: pytest-xdist workers share Oscar's one whoosh index folder "
-    "(FileNotFoundError in whoosh's commit); one of the two fails in either run",
+    "(FileNotFoundError in whoosh's commit); each was seen failing in one run or the other",
 )
 
 _TAGGIT_DEFAULT_THROUGH = (
