@@ -8,7 +8,7 @@ TEST_STAMP := $(VENV)/.test-stamp
 SPIDER_PLUGIN := .venv/spider/usr/lib/mysql/plugin/ha_spider.so
 
 .PHONY: demo test lint pytest pytest-parallel pytest-django pytest-timing django django6 \
-	package-check bench django-suite docs clean
+	package-check bench django-suite shop-suites docs clean
 
 # Bytecode (and pytest's rewritten test modules) is cached in __pycache__ even where the
 # environment says otherwise: every pytest-xdist worker imports and collects the whole suite,
@@ -115,6 +115,14 @@ bench: $(TEST_STAMP)
 # sdist into .venv/django-suite; about half an hour; not part of `make test`).
 django-suite: $(TEST_STAMP)
 	$(BIN)/python benchmarks/django_suite.py --check
+
+# django-oscar's and django-taggit's own test suites, AutoField against Snowflake keys, on
+# PostgreSQL (about 40 minutes; not part of `make test`). Their tests are not on PyPI: name
+# folders holding them (see benchmarks/shop_suites.py), e.g.
+# make shop-suites OSCAR_SOURCE=/tmp/oscar-tests TAGGIT_SOURCE=/tmp/taggit-tests
+shop-suites: $(TEST_STAMP)
+	$(BIN)/python benchmarks/shop_suites.py --check --oscar-source "$(OSCAR_SOURCE)" \
+		--taggit-source "$(TAGGIT_SOURCE)"
 
 # The documentation site (docs/, mkdocs.yml) at http://127.0.0.1:8000, rebuilt on every change.
 docs: $(TEST_STAMP)

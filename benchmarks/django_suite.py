@@ -198,20 +198,27 @@ def prepare(work_dir: Path, django_spec: str, python: str) -> tuple[Path, Path]:
     if not (source / "tests" / "runtests.py").exists():
         with tarfile.open(sdist) as archive:
             archive.extractall(sdist_dir, filter="data")
+    venv_python = build_venv(python, work_dir, source.name, [
+        str(sdist), "psycopg[binary]", "PyMySQL", "tblib", "PyYAML", "Pillow", "-e",
+        f"{ROOT}[sqlalchemy]"])
+    (work_dir / "suite_settings.py").write_text(SETTINGS)
+    return venv_python, source / "tests"
+
+
+def build_venv(python: str, work_dir: Path, name: str, packages: list[str]) -> Path:
+    """A venv ``venv-NAME-pyX.Y`` in ``work_dir`` with ``packages`` (built again when this
+    checkout's pyproject.toml is newer); its python."""
     version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                              check=True, capture_output=True, text=True).stdout.strip()
-    venv = work_dir / f"venv-{source.name}-py{version}"
+    venv = work_dir / f"venv-{name}-py{version}"
     venv_python = venv / "bin" / "python"
     stamp = venv / ".installed"
     if not stamp.exists() or stamp.stat().st_mtime < (ROOT / "pyproject.toml").stat().st_mtime:
         _run([python, "-m", "venv", str(venv)])
         _run([str(venv_python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
-        _run([str(venv_python), "-m", "pip", "install", "--quiet", str(sdist),
-              "psycopg[binary]", "PyMySQL", "tblib", "PyYAML", "Pillow", "-e",
-              f"{ROOT}[sqlalchemy]"])
+        _run([str(venv_python), "-m", "pip", "install", "--quiet", *packages])
         stamp.touch()
-    (work_dir / "suite_settings.py").write_text(SETTINGS)
-    return venv_python, source / "tests"
+    return venv_python
 
 
 #: (text in runtests.py, its replacement) for the ``app`` run's copy.
@@ -380,28 +387,43 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  only without the app: {name}")
             row["app only"] = len(reasons)
             unexpected += sum(reason is None for reason in reasons.values())
-        unfinished = [name for run in failing.values() for name in run
-                      if name.startswith(_UNFINISHED)]
-        for name in unfinished:
-            print(f"  {name}  (UNEXPECTED)")
-        unexpected += len(unfinished)
+        unexpected += unfinished_runs(failing)
         row["unexpected"] = unexpected
         unexpected_total += unexpected
         rows.append(row)
 
-    columns = ["backend", *runs, "differ", "32-bit", "app only", "unexpected"]
+    return report(
+        f"Django suite ({tests_dir.parent.name}, {len(apps)} apps): failing tests per run",
+        ["backend", *runs, "differ", "32-bit", "app only", "unexpected"], rows,
+        "big: BigAutoField; snowflake: SnowflakeAutoField alone; app: the field with "
+        "snowflake_db.django installed. differ: failing only with snowflake, of which 32-bit: "
+        "the test's model keeps keys in 32-bit columns; app only: failing only with the app; "
+        "the rest are listed in EXPECTED and EXPECTED_APP with their reasons",
+        unexpected_total, check=args.check)
+
+
+def unfinished_runs(failing: dict[str, dict[str, str]]) -> int:
+    """Print every run that did not finish (each one unexpected); how many there are."""
+    unfinished = [name for run in failing.values() for name in run
+                  if name.startswith(_UNFINISHED)]
+    for name in unfinished:
+        print(f"  {name}  (UNEXPECTED)")
+    return len(unfinished)
+
+
+def report(title: str, columns: list[str], rows: list[dict[str, object]], legend: str,
+           unexpected_total: int, *, check: bool) -> int:
+    """Print the table of failing tests per run and the verdict; the exit status (1 on an
+    unexpected difference, with ``--check``)."""
     columns = [c for c in columns if any(c in row for row in rows)]
-    print(f"\nDjango suite ({tests_dir.parent.name}, {len(apps)} apps): failing tests per run")
+    print(f"\n{title}")
     print("  ".join(f"{c:>10}" for c in columns))
     for row in rows:
         print("  ".join(f"{row.get(c, '-')!s:>10}" for c in columns))
-    print("(big: BigAutoField; snowflake: SnowflakeAutoField alone; app: the field with "
-          "snowflake_db.django installed. differ: failing only with snowflake, of which 32-bit: "
-          "the test's model keeps keys in 32-bit columns; app only: failing only with the app; "
-          "the rest are listed in EXPECTED and EXPECTED_APP with their reasons)")
+    print(f"({legend})")
     verdict = "PASS" if unexpected_total == 0 else "FAIL"
     print(f"target: no unexpected difference -> {verdict} ({unexpected_total} unexpected)")
-    return 1 if args.check and unexpected_total else 0
+    return 1 if check and unexpected_total else 0
 
 
 if __name__ == "__main__":
