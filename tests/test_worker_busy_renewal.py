@@ -4,7 +4,7 @@ Measured with ``benchmarks/bench_leases.py`` beside other test suites (load 15-2
 a renewal that came too late had run 3-5 ms of CPU but took 1.5-2.5 s, nearly all of it in
 round trips to a database whose own processes waited for a CPU; and callers, after a bounded
 wait, went back to issuing and took the CPU and the GIL from it. So a renewal applies its new
-deadline after its UPDATE's commit alone (the clocks are compared afterwards), and near the
+deadline after its UPDATE's commit alone (the clocks are compared afterwards, outside the renewal's turn), and near the
 deadline callers wait for the running renewal instead of issuing beside it.
 
 Both judged from recorded events on PostgreSQL, MariaDB and SQLite, with the real heartbeat
@@ -23,7 +23,9 @@ from sqlalchemy import event
 
 from snowflake_db import LeaseExpiredError, SnowflakeGenerator
 from snowflake_db.worker import TableLease
+from snowflake_db.worker.keeper import LeaseKeeper
 
+from .outage_support import STEADY_LEASE_SECONDS
 from .plugins.databases import ScratchDatabase
 from .test_worker_renewal import calling, slot_row_locked
 from .worker_support import allocator, wait_for
@@ -64,6 +66,46 @@ def test_a_renewal_is_applied_before_the_clocks_are_compared(any_db: ScratchData
         following = [entry for entry in seen[index + 1 :] if entry[0] == "SELECT"]
         if following:  # the next clock reading
             assert following[0][1] == seen[index][1] + 1, seen
+
+
+@pytest.mark.timing(seconds=10)  # see tests/conftest.py
+@pytest.mark.slow
+def test_a_clock_comparison_that_waits_holds_no_renewal_back(
+    any_db: ScratchDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heartbeat's clock comparison after a renewal waits (as on a database that has just
+    gone quiet: a lock, an outage starting) for more than a lease: it runs after the renewal's
+    turn, so callers renew in the meantime and never fence. Before, it ran inside the turn, and
+    callers waiting on that "running renewal" fenced at the deadline (the SQLite outage test in
+    test_metrics_leases saw no renewal go through the outage for that reason)."""
+    compare = LeaseKeeper.compare_clocks
+    stalled = threading.Event()
+    release = threading.Event()
+
+    def stall_the_heartbeats_first(keeper: LeaseKeeper, lease: TableLease) -> None:
+        if threading.current_thread().name == "snowflake_db-heartbeat" and not stalled.is_set():
+            stalled.set()
+            release.wait(30)
+        compare(keeper, lease)
+
+    monkeypatch.setattr(LeaseKeeper, "compare_clocks", stall_the_heartbeats_first)
+    with allocator(any_db, lease_seconds=STEADY_LEASE_SECONDS) as alloc:
+        gen = SnowflakeGenerator(allocator=alloc)
+        gen.ensure_worker()
+        lease = _lease(gen)
+        try:
+            with calling(gen) as callers:
+                assert wait_for(stalled.is_set, 20)
+                renewals, stalled_at = lease.renewals, time.monotonic()
+                # Past the deadline the stalled heartbeat's renewal set, and one period more.
+                time.sleep(max(0.0, lease.valid_until + alloc.renew_every - stalled_at))
+                assert lease.renewals > renewals  # callers renewed meanwhile
+                assert callers.issued_between(stalled_at, time.monotonic()) > 0
+        finally:
+            release.set()
+        assert callers.errors == [], gen.metrics()
+        assert lease.caller_renewals >= 1
+        gen.close()
 
 
 @pytest.mark.timing(seconds=6)  # see tests/conftest.py

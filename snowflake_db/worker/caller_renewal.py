@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from .. import forks
-from .lease import HELD, TableLease
+from .lease import HELD, TableLease, run_after_renewal
 
 logger = logging.getLogger("snowflake_db.worker")
 
@@ -38,8 +38,11 @@ class CallerRenewal:
         *,
         wait_seconds: float,
         hold_seconds: float = 0.0,
+        after_renewal: Callable[[TableLease], None] | None = None,
     ) -> None:
         self._renew = renew
+        #: Run once the renewal's turn is over (the clock comparison): never holds a caller.
+        self._after_renewal = after_renewal
         self.wait_seconds = wait_seconds
         #: Within this much of the local deadline, a caller waits for the running renewal
         #: until the deadline rather than for ``wait_seconds``.
@@ -97,3 +100,5 @@ class CallerRenewal:
             lease.next_renewal_at = time.monotonic() + 1.0
         finally:
             lease.finish_renewal(turn)
+        if self._after_renewal is not None:
+            run_after_renewal(self._after_renewal, lease)

@@ -48,7 +48,7 @@ class LeaseKeeper:
     ) -> None:
         self._engine, self._store = engine, store
         self._timing, self._skew_policy, self._recorder = timing, skew_policy, recorder
-        self.heartbeat = Heartbeat(self.renew, name="snowflake_db-heartbeat")
+        self.heartbeat = self._new_heartbeat()
         # A caller renews a lease itself once the heartbeat is a quarter of the slack between
         # its renewal time and the local deadline late, and waits for that renewal at most a
         # quarter of the heartbeat's period (never the whole remaining lease).
@@ -56,7 +56,17 @@ class LeaseKeeper:
         # Within two such waits of the local deadline, a caller waits for the running renewal
         # until the deadline: issuing meanwhile only takes the CPU and the GIL from it.
         wait = min(timing.renew_every / 4, MAX_CALLER_WAIT_SECONDS)
-        self.renew_for_caller = CallerRenewal(self.renew, wait_seconds=wait, hold_seconds=2 * wait)
+        self.renew_for_caller = CallerRenewal(
+            self.renew,
+            wait_seconds=wait,
+            hold_seconds=2 * wait,
+            after_renewal=self.compare_clocks,
+        )
+
+    def _new_heartbeat(self) -> Heartbeat:
+        return Heartbeat(
+            self.renew, name="snowflake_db-heartbeat", after_renewal=self.compare_clocks
+        )
 
     @property
     def caller_grace(self) -> float:
@@ -131,7 +141,7 @@ class LeaseKeeper:
             else:
                 lease.end(LOST, "the slot was taken by another holder or reaped after it expired")
         if renewed:
-            self._compare_clocks(lease)
+            lease.clocks_unchecked = True  # compare_clocks, once the renewal's turn is over
             return
         self.heartbeat.discard(lease)
         self._recorder.lease_lost()
@@ -140,8 +150,15 @@ class LeaseKeeper:
             lease.worker_id,
         )
 
-    def _compare_clocks(self, lease: TableLease) -> None:
-        """Measure the clock skew after a renewal was applied (it warns, never fences)."""
+    def compare_clocks(self, lease: TableLease) -> None:
+        """Measure the clock skew after a renewal was applied (it warns, never fences).
+
+        Run by whoever renewed, after the renewal's turn ended: a comparison that waits on a
+        database gone quiet (a lock, an outage starting) must not hold the next renewal back.
+        """
+        if not lease.clocks_unchecked or lease.pid != os.getpid():
+            return
+        lease.clocks_unchecked = False
         try:
             with self._engine.begin() as connection:
                 skew = clock_skew.measure(connection, self._store, lease.clock)
@@ -199,7 +216,7 @@ class LeaseKeeper:
         """The parent's leases are forgotten (never released from here); a new heartbeat."""
         for lease in self.heartbeat.inherited_leases():
             lease.forget_after_fork(parent_pid)
-        self.heartbeat = Heartbeat(self.renew, name="snowflake_db-heartbeat")
+        self.heartbeat = self._new_heartbeat()
 
 
 def describe_error(error: BaseException) -> str:

@@ -94,6 +94,8 @@ class TableLease:
         self.caller_renewals = 0
         self.caller_waits = 0
         self._in_flight: threading.Event | None = None  # set when the running renewal ends
+        #: A renewal went through and the clocks were not compared since (see the keeper).
+        self.clocks_unchecked = False
 
     # -- the WorkerLease protocol ----------------------------------------------------------
 
@@ -242,11 +244,26 @@ class TableLease:
         )
 
 
+def run_after_renewal(after: Callable[[TableLease], None], lease: TableLease) -> None:
+    """Run a renewal's follow-up outside its turn; a renewing thread must outlive any surprise."""
+    try:
+        after(lease)
+    except Exception:
+        logger.exception("snowflake_db: after renewing %r: unexpected failure", lease)
+
+
 class Heartbeat:
     """One daemon thread per allocator renewing its leases when they fall due."""
 
-    def __init__(self, renew: Callable[[TableLease], None], *, name: str) -> None:
+    def __init__(
+        self,
+        renew: Callable[[TableLease], None],
+        *,
+        name: str,
+        after_renewal: Callable[[TableLease], None] | None = None,
+    ) -> None:
         self._renew = renew
+        self._after_renewal = after_renewal
         self._name = name
         self._condition = threading.Condition()
         self._leases: list[TableLease] = []
@@ -328,3 +345,5 @@ class Heartbeat:
                     lease.next_renewal_at = time.monotonic() + 1.0
                 finally:
                     lease.finish_renewal(turn)
+                if self._after_renewal is not None:
+                    run_after_renewal(self._after_renewal, lease)
