@@ -58,6 +58,11 @@ class SnowflakeDbConfig(AppConfig):
             return
         apply_public_id_keys(conf)
         configure_once(conf)
+        # Lookups with a value beyond a key field's range raise instead of finding nothing.
+        from .key_columns import key_field_instances
+        from .lookups import install_key_lookups
+
+        install_key_lookups(key_field_instances())
 
 
 def configure_once(conf: SnowflakeSettings) -> bool:

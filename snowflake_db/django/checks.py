@@ -50,10 +50,8 @@ from .conf import SnowflakeSettings, get_settings
 from .fields import SnowflakeAutoField, is_snowflake_field
 from .key_columns import (
     field_path,
-    generic_object_id_fields,
-    is_declared_not_key,
     is_installed_package,
-    is_narrow_integer,
+    narrow_generic_object_ids,
     narrow_key_fields,
     snowflake_keyed_models,
     unknown_declared_fields,
@@ -183,27 +181,22 @@ def check_generic_foreign_keys(
 ) -> list[CheckMessage]:
     """E012: a GenericForeignKey that would store a Snowflake key in a 32-bit column."""
     keyed = [model._meta.label for model in snowflake_keyed_models()]
-    if not keyed:
-        return []
     errors: list[CheckMessage] = []
-    for model in _checked_models(app_configs):
-        for generic, object_id in generic_object_id_fields(model):
-            if not is_narrow_integer(object_id) or is_declared_not_key(model, object_id):
-                continue
-            kind = object_id.get_internal_type()
-            errors.append(
-                Error(
-                    f"{model._meta.label}.{generic.name} stores object IDs in "
-                    f"{model._meta.label}.{object_id.name}, a {kind} (32 bits or fewer), but "
-                    f"models with Snowflake keys ({', '.join(keyed[:3])}"
-                    f"{', ...' if len(keyed) > 3 else ''}) need 64 bits: pointing it "
-                    "at one fails with 'integer out of range' (or is truncated on MySQL "
-                    "without strict mode)",
-                    hint=_widen_hint(model, object_id, or_else=", or a CharField"),
-                    obj=model,
-                    id="snowflake_db.E012",
-                )
+    for model, generic, object_id in narrow_generic_object_ids(_checked_models(app_configs)):
+        kind = object_id.get_internal_type()
+        errors.append(
+            Error(
+                f"{model._meta.label}.{generic.name} stores object IDs in "
+                f"{model._meta.label}.{object_id.name}, a {kind} (32 bits or fewer), but "
+                f"models with Snowflake keys ({', '.join(keyed[:3])}"
+                f"{', ...' if len(keyed) > 3 else ''}) need 64 bits: pointing it "
+                "at one fails with 'integer out of range' (or is truncated on MySQL "
+                "without strict mode)",
+                hint=_widen_hint(model, object_id, or_else=", or a CharField"),
+                obj=model,
+                id="snowflake_db.E012",
             )
+        )
     return errors
 
 

@@ -156,6 +156,26 @@ def narrow_key_fields(models: Iterable[Any] | None = None) -> list[KeyField]:
     return found
 
 
+def narrow_generic_object_ids(models: Iterable[Any] | None = None) -> list[tuple[Any, Any, Any]]:
+    """(model, GenericForeignKey, object ID field) whose object ID is narrower than 64 bits,
+    while any model has Snowflake keys, less ``NOT_KEY_COLUMNS``."""
+    if not snowflake_keyed_models():
+        return []
+    return [
+        (model, generic, object_id)
+        for model in (models if models is not None else apps.get_models())
+        for generic, object_id in generic_object_id_fields(model)
+        if is_narrow_integer(object_id) and not is_declared_not_key(model, object_id)
+    ]
+
+
+def key_field_instances() -> list[Any]:
+    """Every narrow field the checks report (E012 and E014): the fields whose lookups raise."""
+    return [found.field for found in narrow_key_fields()] + [
+        object_id for _, _, object_id in narrow_generic_object_ids()
+    ]
+
+
 def unknown_declared_fields() -> list[str]:
     """Entries of ``KEY_COLUMNS``/``NOT_KEY_COLUMNS`` that name no field of an installed model."""
     conf = get_settings()

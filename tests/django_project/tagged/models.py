@@ -24,3 +24,11 @@ class Product(models.Model):
 class Article(models.Model):
     title = models.CharField(max_length=50)
     tags = TaggableManager(through=TaggedItem)
+
+
+class Discount(models.Model):
+    """django-oscar's ``OrderDiscount`` shape: a product's key in a plain 32-bit integer field
+    (check E014 reports it; its lookups raise beyond the column's range)."""
+
+    product_id = models.PositiveIntegerField(null=True)
+    amount = models.IntegerField(default=0)

@@ -1,4 +1,3 @@
-
 import django.db.models.deletion
 import taggit.managers
 from django.db import migrations, models
