@@ -399,6 +399,15 @@ def _pending_apps(connection: Any) -> set[str]:
     return {migration.app_label for migration, backwards in plan if not backwards}
 
 
+def unfixed_narrow_columns(connection: Any) -> list[Any]:
+    """The narrow columns that check E010 reports: no pending migration or through-key widening
+    changes them."""
+    narrow = narrow_columns(connection)
+    pending = _pending_apps(connection) if narrow else set()
+    return [column for column in narrow
+            if not column.is_through_key and not column.owner_apps & pending]
+
+
 def _check_column_types(connection: Any, models: Sequence[Any] | None = None) -> list[CheckMessage]:
     """E010 for a narrow column that ``migrate`` will not fix; W010 for one it will (a pending
     migration of the app that owns it, or an auto-created many-to-many key, which
@@ -432,7 +441,10 @@ def _check_column_types(connection: Any, models: Sequence[Any] | None = None) ->
         messages.append(
             Error(
                 where,
-                hint="Run `manage.py makemigrations` then `manage.py migrate`; for a table "
+                hint="Run `manage.py makemigrations` then `manage.py migrate`; if "
+                "makemigrations finds no change (migrations that build keys from "
+                "DEFAULT_AUTO_FIELD, as django-oscar's do, or a table moved between apps), run "
+                f"`manage.py snowflake widen --database {connection.alias}`; for a table "
                 "Django does not manage, widen the column by hand (see the docs page "
                 "'Converting an existing Django project', docs/converting/django.md).",
                 obj=column.model,
