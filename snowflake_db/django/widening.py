@@ -62,18 +62,14 @@ def widen_after_migrate(
 
 
 def _referencing_columns(model: Any) -> list[tuple[str, str]]:
-    """(table, column) of the foreign keys to ``model``'s key, many-to-many tables' included:
-    altering the key alters them too."""
-    columns = []
-    for relation in model._meta.related_objects:
-        field = relation.field
-        if field.concrete and (field.many_to_one or field.one_to_one):
-            columns.append((field.model._meta.db_table, field.column))
-    for field in model._meta.local_many_to_many:
-        through = field.remote_field.through
-        if through._meta.auto_created:
-            columns.append((through._meta.db_table, field.m2m_column_name()))
-    return columns
+    """(table, column) of the foreign keys to ``model``'s key, auto-created many-to-many
+    tables' included (their hidden relations): altering the key alters them too."""
+    return [
+        (relation.field.model._meta.db_table, relation.field.column)
+        for relation in model._meta.get_fields(include_hidden=True)
+        if relation.auto_created and not relation.concrete and relation.is_relation
+        and relation.field.concrete
+    ]
 
 
 def widen_columns(using: str, columns: list[Any], *, dry_run: bool = False,
