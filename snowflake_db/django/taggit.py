@@ -19,7 +19,13 @@ then run ``makemigrations``. Needs the ``taggit`` extra and ``"taggit"`` in ``IN
 from __future__ import annotations
 
 from django.db import models
-from taggit.models import CommonGenericTaggedItemBase, TaggedItemBase
+
+from ..errors import MissingExtraError
+
+try:
+    from taggit.models import CommonGenericTaggedItemBase, TaggedItemBase
+except ImportError as error:
+    raise MissingExtraError(__name__, package="django-taggit", extra="taggit") from error
 
 __all__ = ["GenericSnowflakeTaggedItemBase", "SnowflakeTaggedItemBase"]
 

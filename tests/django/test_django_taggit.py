@@ -3,7 +3,10 @@ taggit's own behaviours on every backend, and no clamping on MariaDB in either s
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from django.db import connections
@@ -86,3 +89,15 @@ def test_mariadb_never_clamps_object_ids(backend: str, mariadb_sql_mode: str) ->
     assert min(_stored_object_ids(backend)) > INT32_MAX
     assert set(Product.objects.filter(tags__name="sale")) == set(products)
     assert [list(product.tags.names()) for product in products] == [["sale"]] * 3
+
+
+def test_without_django_taggit_the_import_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['taggit'] = None\n"
+        "try:\n    import snowflake_db.django.taggit\n"
+        "except Exception as error:\n    print(type(error).__name__, error)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=True, cwd=Path(__file__).resolve().parents[2])
+    assert result.stdout.startswith("MissingExtraError ")
+    assert "django-taggit" in result.stdout and "snowflake-db[taggit]" in result.stdout
