@@ -44,6 +44,9 @@ NARROW_INTEGER_TYPES = frozenset(
      "AutoField", "SmallAutoField"}
 )
 
+#: This library's own app (the worker tables).
+OWN_APP_LABEL = "snowflake_db"
+
 _KEY_NAME = re.compile(r"^(?P<name>[a-z0-9_]+?)_(?:id|pk)$")
 
 
@@ -133,6 +136,8 @@ def narrow_key_fields(models: Iterable[Any] | None = None) -> list[KeyField]:
     keyed = snowflake_keyed_models()
     found: list[KeyField] = []
     for model in models if models is not None else apps.get_models():
+        if model._meta.app_label == OWN_APP_LABEL:
+            continue  # the worker tables: their integers are worker IDs, never keys
         generic_ids = {field.name for _, field in generic_object_id_fields(model)}
         for field in model._meta.local_concrete_fields:
             if (

@@ -47,6 +47,10 @@ class ProductCategoryHierarchy(models.Model):
         db_table = "demo_product_category_hierarchy"
 
 
+class Worker(models.Model):  # snowflake_db's worker_id columns hold worker IDs, not its keys
+    name = models.CharField(max_length=20)
+
+
 class Wide(models.Model):
     product_id = models.PositiveBigIntegerField()
     voucher_pk = models.BigIntegerField()
