@@ -129,9 +129,9 @@ def is_narrow_integer(field: Any) -> bool:
 
 
 def narrow_key_fields(models: Iterable[Any] | None = None) -> list[KeyField]:
-    """Plain narrow integer fields (not relations, not primary keys, not a
-    ``GenericForeignKey``'s object ID) that receive Snowflake keys by name or by
-    ``KEY_COLUMNS``, less ``NOT_KEY_COLUMNS``."""
+    """Plain narrow integer fields (not relations, not a ``GenericForeignKey``'s object ID)
+    that receive Snowflake keys by name (primary keys excepted) or by ``KEY_COLUMNS``, less
+    ``NOT_KEY_COLUMNS``."""
     conf = get_settings()
     keyed = snowflake_keyed_models()
     found: list[KeyField] = []
@@ -142,16 +142,16 @@ def narrow_key_fields(models: Iterable[Any] | None = None) -> list[KeyField]:
         for field in model._meta.local_concrete_fields:
             if (
                 field.is_relation
-                or field.primary_key
                 or field.name in generic_ids
                 or not is_narrow_integer(field)
                 or _setting_key(model, field) in conf.not_key_columns
             ):
                 continue
             if _setting_key(model, field) in conf.key_columns:
+                # a primary key too: an unmanaged model's over a view of Snowflake-keyed rows
                 found.append(KeyField(model, field, "SNOWFLAKE_DB['KEY_COLUMNS'] lists it"))
                 continue
-            target = _named_after(field, keyed) if keyed else None
+            target = _named_after(field, keyed) if keyed and not field.primary_key else None
             if target is not None:
                 found.append(KeyField(
                     model, field,

@@ -39,6 +39,7 @@ class OrderDiscount(models.Model):
 
 
 class ProductCategoryHierarchy(models.Model):
+    id = models.IntegerField(primary_key=True)
     product_id = models.IntegerField()
     category_id = models.IntegerField()
 
@@ -100,13 +101,15 @@ def test_e014_finds_oscars_key_columns_by_name(tmp_path: Path) -> None:
 
 def test_e014_takes_declared_columns_and_exceptions(tmp_path: Path) -> None:
     declared = {"KEY_COLUMNS": ["demo.ProductCategoryHierarchy.category_id",
-                                "demo.OrderDiscount.basket_line_pk"],
+                                "demo.OrderDiscount.basket_line_pk",
+                                "demo.ProductCategoryHierarchy.id"],
                 "NOT_KEY_COLUMNS": ["demo.OrderDiscount.voucher_id"]}
     found = _by_field(_checks(tmp_path, extra={
         "settings": {"SNOWFLAKE_DB": {"WORKER_SOURCE": "manual", **declared}}}))
     assert set(found) == {
         "demo.OrderDiscount.offer_id", "demo.ProductCategoryHierarchy.product_id",
         "demo.ProductCategoryHierarchy.category_id", "demo.OrderDiscount.basket_line_pk",
+        "demo.ProductCategoryHierarchy.id",
     }
     assert "SNOWFLAKE_DB['KEY_COLUMNS'] lists it" in (
         found["demo.ProductCategoryHierarchy.category_id"]["msg"]
