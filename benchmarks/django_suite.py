@@ -19,8 +19,9 @@ other difference.
 
 ``runtests.py`` sets ``INSTALLED_APPS`` and ``SILENCED_SYSTEM_CHECKS`` itself, so the ``app`` run
 uses a copy of it (``runtests_snowflake_app.py`` beside it) that adds ``snowflake_db.django`` to
-its always-installed apps and silences only ``snowflake_db.E012`` (Django's test models keep
-generic-relation object IDs in 32-bit columns). Like every project's, its second
+its always-installed apps and silences only ``snowflake_db.E012`` and ``E014`` (Django's test
+models keep generic-relation object IDs and some keys, such as ``lookup.Freebie.stock_id``, in
+32-bit columns). Like every project's, its second
 ``apps.set_installed_apps()`` runs the app's ``ready()`` again.
 
 Django 6 needs Python 3.12+: ``--django 6.1 --python python3.12``. Databases are created under
@@ -226,7 +227,8 @@ _APP_PATCHES = (
     ('    "django.contrib.staticfiles",\n]', f'    "django.contrib.staticfiles",\n    "{APP}",\n]'),
     ('        "fields.W342",  # ForeignKey(unique=True) -> OneToOneField\n',
      '        "fields.W342",  # ForeignKey(unique=True) -> OneToOneField\n'
-     '        "snowflake_db.E012",  # 32-bit generic-relation object IDs in the test models\n'),
+     '        "snowflake_db.E012",  # 32-bit generic-relation object IDs in the test models\n'
+     '        "snowflake_db.E014",  # keys in 32-bit integer fields (lookup.Freebie.stock_id)\n'),
 )
 
 

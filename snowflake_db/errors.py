@@ -137,6 +137,21 @@ class NarrowColumnError(SnowflakeError):
         super().__init__(message)
 
 
+class KeyLookupOutOfRangeError(NarrowColumnError, ValueError):
+    """A lookup compared a field that holds Snowflake keys with a value its column cannot hold.
+
+    Django (5.0 and later) would answer such a lookup with an empty result without querying;
+    a key that the column cannot hold means the column is too narrow, so this is raised
+    instead. ``field`` is ``app_label.Model.field``, ``value`` the value compared.
+    """
+
+    def __init__(self, message: str, columns: list[tuple[str, str, str]], *, field: str,
+                 value: int) -> None:
+        self.field = field
+        self.value = value
+        super().__init__(message, columns)
+
+
 # -- sharding ---------------------------------------------------------------------------------
 
 

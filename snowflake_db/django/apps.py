@@ -70,6 +70,11 @@ class SnowflakeDbConfig(AppConfig):
             return
         apply_public_id_keys(conf)
         configure_once(conf)
+        # Lookups with a value beyond a key field's range raise instead of finding nothing.
+        from .key_columns import key_field_instances
+        from .lookups import install_key_lookups
+
+        install_key_lookups(key_field_instances())
 
 
 #: Django's backends that import MySQLdb (mysqlclient, or PyMySQL installed under its name).

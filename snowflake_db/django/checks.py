@@ -12,6 +12,8 @@
                               ``DEFAULT_AUTO_FIELD`` (``manage.py startapp`` writes one)
 ``snowflake_db.E012``         a ``GenericForeignKey``'s object ID column has fewer than 64 bits
                               while models have Snowflake keys
+``snowflake_db.E014``         a plain integer field named after a Snowflake-keyed model
+                              (``offer_id``) or listed in ``KEY_COLUMNS`` has fewer than 64 bits
 ``snowflake_db.E010``         a Snowflake column (or a foreign key to one) is not 64-bit in the DB,
                               and no pending migration changes it
 ``snowflake_db.I010``         the columns ``migrate`` widens (a pending migration, or an
@@ -30,17 +32,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import sysconfig
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-import django
 from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Info, Tags, Warning, register
-from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, router
 from django.utils.module_loading import import_string
 
@@ -49,15 +48,17 @@ from ..process import WORKER_ID_ENV, WORKER_URL_ENV
 from .columns import NarrowColumn, narrow_columns, snowflake_models
 from .conf import SnowflakeSettings, get_settings
 from .fields import SnowflakeAutoField, is_snowflake_field
+from .key_columns import (
+    field_path,
+    is_installed_package,
+    narrow_generic_object_ids,
+    narrow_key_fields,
+    snowflake_keyed_models,
+    unknown_declared_fields,
+)
 from .worker import README_SECTION
 
 APP_LABEL = "snowflake_db"
-
-#: Django field types whose column has fewer than 64 bits on PostgreSQL and MySQL/MariaDB.
-_NARROW_INTEGER_TYPES = frozenset(
-    {"IntegerField", "PositiveIntegerField", "SmallIntegerField", "PositiveSmallIntegerField",
-     "AutoField", "SmallAutoField"}
-)
 
 #: Allow this much clock skew before calling a stored ID "from the future".
 FUTURE_TOLERANCE_MS = 5 * 60 * 1000
@@ -132,13 +133,6 @@ def _is_snowflake_auto_field(path: object) -> bool:
     return isinstance(field_class, type) and issubclass(field_class, SnowflakeAutoField)
 
 
-def _installed_roots() -> set[Path]:
-    """Where Django itself and apps installed as packages (not the project's own) live."""
-    roots = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")}
-    roots.add(Path(django.__file__).resolve().parent)
-    return roots
-
-
 @register(Tags.models)
 def check_app_auto_fields(
     app_configs: Sequence[Any] | None = None, **kwargs: Any
@@ -147,13 +141,12 @@ def check_app_auto_fields(
     if not _is_snowflake_auto_field(settings.DEFAULT_AUTO_FIELD):
         return []
     warnings: list[CheckMessage] = []
-    installed = _installed_roots()
     for app_config in app_configs or apps.get_app_configs():
         if (
             not app_config._is_default_auto_field_overridden
             or _is_snowflake_auto_field(app_config.default_auto_field)
             or app_config.label == APP_LABEL
-            or any(Path(app_config.path).resolve().is_relative_to(root) for root in installed)
+            or is_installed_package(app_config)
         ):
             continue
         affected = [
@@ -187,42 +180,93 @@ def check_generic_foreign_keys(
     app_configs: Sequence[Any] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """E012: a GenericForeignKey that would store a Snowflake key in a 32-bit column."""
-    all_models = apps.get_models()
-    snowflake_models = [model._meta.label for model in all_models
-                        if is_snowflake_field(model._meta.pk)]
-    if not snowflake_models:
-        return []
-    checked = {config.label for config in app_configs} if app_configs else None
+    keyed = [model._meta.label for model in snowflake_keyed_models()]
     errors: list[CheckMessage] = []
-    for model in all_models:
-        if checked is not None and model._meta.app_label not in checked:
-            continue
-        for field in model._meta.private_fields:
-            fk_name = getattr(field, "fk_field", None)
-            if fk_name is None or not hasattr(field, "ct_field"):
-                continue  # not a GenericForeignKey
-            try:
-                object_id = model._meta.get_field(fk_name)
-            except FieldDoesNotExist:
-                continue  # contenttypes' own check reports the missing field
-            kind = object_id.get_internal_type()
-            if kind not in _NARROW_INTEGER_TYPES:
-                continue
-            errors.append(
-                Error(
-                    f"{model._meta.label}.{field.name} stores object IDs in "
-                    f"{model._meta.label}.{object_id.name}, a {kind} (32 bits or fewer), but "
-                    f"models with Snowflake keys ({', '.join(snowflake_models[:3])}"
-                    f"{', ...' if len(snowflake_models) > 3 else ''}) need 64 bits: pointing it "
-                    "at one fails with 'integer out of range' (or is truncated on MySQL "
-                    "without strict mode)",
-                    hint=f"Make {object_id.name} a PositiveBigIntegerField (or BigIntegerField, "
-                    "or a CharField) and run makemigrations.",
-                    obj=model,
-                    id="snowflake_db.E012",
-                )
+    for model, generic, object_id in narrow_generic_object_ids(_checked_models(app_configs)):
+        kind = object_id.get_internal_type()
+        errors.append(
+            Error(
+                f"{model._meta.label}.{generic.name} stores object IDs in "
+                f"{model._meta.label}.{object_id.name}, a {kind} (32 bits or fewer), but "
+                f"models with Snowflake keys ({', '.join(keyed[:3])}"
+                f"{', ...' if len(keyed) > 3 else ''}) need 64 bits: pointing it "
+                "at one fails with 'integer out of range' (or is truncated on MySQL "
+                "without strict mode)",
+                hint=_widen_hint(model, object_id, or_else=", or a CharField"),
+                obj=model,
+                id="snowflake_db.E012",
             )
+        )
     return errors
+
+
+@register(Tags.models)
+def check_key_fields(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """E014: a plain integer field named after a Snowflake-keyed model (or listed in
+    ``KEY_COLUMNS``) that cannot hold its keys."""
+    if _settings()[0] is None:
+        return []  # check_settings reports E001
+    errors: list[CheckMessage] = [
+        Error(
+            f"SNOWFLAKE_DB names {path}, which is no field of an installed model "
+            "(KEY_COLUMNS and NOT_KEY_COLUMNS take 'app_label.Model.field')",
+            id="snowflake_db.E001",
+        )
+        for path in unknown_declared_fields()
+    ]
+    for found in narrow_key_fields(_checked_models(app_configs)):
+        errors.append(
+            Error(
+                f"{found.path} is a {found.field.get_internal_type()} (32 bits or fewer) but "
+                f"{found.evidence}: writing one fails with 'integer out of range' (or is "
+                "stored as 2147483647 on MariaDB without strict mode), and a lookup with one "
+                "finds nothing",
+                hint=_widen_hint(found.model, found.field),
+                obj=found.model,
+                id="snowflake_db.E014",
+            )
+        )
+    return errors
+
+
+def _checked_models(app_configs: Sequence[Any] | None) -> list[Any]:
+    checked = {config.label for config in app_configs} if app_configs else None
+    return [model for model in apps.get_models()
+            if checked is None or model._meta.app_label in checked]
+
+
+def _widen_hint(model: Any, field: Any, *, or_else: str = "") -> str:
+    """What the owner of a model can do: edit it, or, for an installed app's model, replace it."""
+    declare = f"list '{field_path(model, field)}' in SNOWFLAKE_DB['NOT_KEY_COLUMNS']."
+    not_a_key = f"If it never holds a Snowflake key, {declare}"
+    if model._meta.label == "taggit.TaggedItem":
+        return (
+            "taggit.TaggedItem is django-taggit's model: tag Snowflake-keyed models through "
+            "your own model, `class TaggedItem(SnowflakeTaggedItemBase)` from "
+            "snowflake_db.django.taggit, with TaggableManager(through=TaggedItem), run "
+            f"makemigrations; once no TaggableManager uses taggit.TaggedItem, {declare}"
+        )
+    if not model._meta.managed:
+        return (
+            f"{model._meta.label} is not managed by Django (a view or a table made elsewhere): "
+            f"make {field.name} a BigIntegerField so lookups accept 64-bit keys, and the "
+            f"database column bigint. {not_a_key}"
+        )
+    app_config = apps.get_app_config(model._meta.app_label)
+    if is_installed_package(app_config):
+        return (
+            f"{model._meta.label} belongs to the installed app {app_config.name!r}, which you "
+            f"cannot edit: where the app lets you replace the model (a forked or swappable "
+            f"app, e.g. django-oscar's oscar_fork_app), declare {field.name} = "
+            "models.PositiveBigIntegerField(...) in your model and run makemigrations; "
+            f"otherwise ask the app for 64-bit keys. {not_a_key}"
+        )
+    return (
+        f"Make {field.name} a PositiveBigIntegerField (or BigIntegerField{or_else}) and run "
+        f"makemigrations. {not_a_key}"
+    )
 
 
 @register()
@@ -355,6 +399,15 @@ def _pending_apps(connection: Any) -> set[str]:
     return {migration.app_label for migration, backwards in plan if not backwards}
 
 
+def unfixed_narrow_columns(connection: Any) -> list[Any]:
+    """The narrow columns that check E010 reports: no pending migration or through-key widening
+    changes them."""
+    narrow = narrow_columns(connection)
+    pending = _pending_apps(connection) if narrow else set()
+    return [column for column in narrow
+            if not column.is_through_key and not column.owner_apps & pending]
+
+
 def _check_column_types(connection: Any, models: Sequence[Any] | None = None) -> list[CheckMessage]:
     """E010 for each narrow column that ``migrate`` will not fix; one I010 naming all those it
     will (a pending migration of the app that owns it, or an auto-created many-to-many key,
@@ -377,7 +430,10 @@ def _check_column_types(connection: Any, models: Sequence[Any] | None = None) ->
                     f"{column.what}: column {column.table}.{column.column} on database "
                     f"{connection.alias!r} is {column.db_type}, which cannot hold a 64-bit "
                     "Snowflake ID",
-                    hint="Run `manage.py makemigrations` then `manage.py migrate`; for a table "
+                    hint="Run `manage.py makemigrations` then `manage.py migrate`; if "
+                    "makemigrations finds no change (migrations that build keys from "
+                    "DEFAULT_AUTO_FIELD, as django-oscar's do, or a table moved between apps), "
+                    f"run `manage.py snowflake widen --database {connection.alias}`; for a table "
                     "Django does not manage, widen the column by hand (see the docs page "
                     "'Converting an existing Django project', docs/converting/django.md).",
                     obj=column.model,

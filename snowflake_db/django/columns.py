@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.apps import apps
+from django.core.exceptions import FieldError
 from django.db import router
 
 from ..errors import NarrowColumnError
@@ -75,7 +76,10 @@ def snowflake_columns(model: Any) -> Iterator[tuple[Any, str]]:
         if _holds_snowflake_keys(field):
             yield field, f"{model._meta.label}.{field.name}"
         elif field.is_relation and (field.many_to_one or field.one_to_one):
-            target = getattr(field, "target_field", None)
+            try:
+                target = getattr(field, "target_field", None)
+            except FieldError:
+                continue  # a relation over several columns (ForeignObject): no single key
             if target is not None and _holds_snowflake_keys(target):
                 yield field, f"{model._meta.label}.{field.name} (-> {target.model._meta.label})"
 

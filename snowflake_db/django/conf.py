@@ -13,11 +13,18 @@ All keys are optional::
         "GENERATOR_OPTIONS": {},        # more SnowflakeGenerator keyword arguments
         "ENGINE_URL": None,             # SQLAlchemy URL overriding the one built from DATABASES
         "PUBLIC_ID_KEYS": None,         # "1:<base64>,2:<base64>", bytes or {version: bytes}
+        "KEY_COLUMNS": [],              # "app_label.Model.field": plain integers holding keys
+        "NOT_KEY_COLUMNS": [],          # "app_label.Model.field": never holds a Snowflake key
     }
 
 ``PUBLIC_ID_KEYS`` are the keys of public numbers (:mod:`snowflake_db.public_ids`); unset, the
 ``SNOWFLAKE_DB_PUBLIC_ID_KEYS`` environment variable is read. Read them from the environment or
 a secrets store in ``settings.py``; never write a key into code.
+
+``KEY_COLUMNS`` and ``NOT_KEY_COLUMNS`` correct what the checks guess about plain integer fields
+(:mod:`.key_columns`): the first declares fields that receive Snowflake keys although their name
+does not say so, the second fields that a name or a ``GenericForeignKey`` would flag but that
+never receive one.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ KNOWN_KEYS = frozenset(
         "GENERATOR_OPTIONS",
         "ENGINE_URL",
         "PUBLIC_ID_KEYS",
+        "KEY_COLUMNS",
+        "NOT_KEY_COLUMNS",
     }
 )
 
@@ -66,6 +75,10 @@ class SnowflakeSettings:
     engine_url: str | None = None
     #: ``{version: key}``, or ``None``: the environment variable's keys
     public_id_keys: dict[int, bytes] | None = None
+    #: ``app_label.modelname.field`` (model name lower case) of ``KEY_COLUMNS``
+    key_columns: frozenset[str] = frozenset()
+    #: the same for ``NOT_KEY_COLUMNS``
+    not_key_columns: frozenset[str] = frozenset()
 
 
 def _fail(message: str) -> ImproperlyConfigured:
@@ -114,6 +127,31 @@ def _public_id_keys(value: object) -> dict[int, bytes] | None:
         return parse_keys(format_keys(value))
     except PublicIdKeyError as error:
         raise _fail(f"PUBLIC_ID_KEYS: {error}") from None
+
+
+def _field_paths(raw: dict[str, Any], key: str) -> frozenset[str]:
+    """``["shop.OrderDiscount.offer_id", ...]`` as ``{"shop.orderdiscount.offer_id", ...}``."""
+    value = raw.get(key) or []
+    if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
+        raise _fail(f"{key} must be a list of 'app_label.Model.field' strings, got {value!r}")
+    paths: set[str] = set()
+    for item in value:
+        parts = item.split(".") if isinstance(item, str) else []
+        if len(parts) != 3 or not all(parts):
+            raise _fail(f"{key}: {item!r} is not 'app_label.Model.field'")
+        paths.add(f"{parts[0]}.{parts[1].lower()}.{parts[2]}")
+    return frozenset(paths)
+
+
+def _declared_columns(raw: dict[str, Any]) -> tuple[frozenset[str], frozenset[str]]:
+    key_columns = _field_paths(raw, "KEY_COLUMNS")
+    not_key_columns = _field_paths(raw, "NOT_KEY_COLUMNS")
+    if key_columns & not_key_columns:
+        raise _fail(
+            f"{', '.join(sorted(key_columns & not_key_columns))} in both KEY_COLUMNS and "
+            "NOT_KEY_COLUMNS"
+        )
+    return key_columns, not_key_columns
 
 
 def parse(raw: object) -> SnowflakeSettings:
@@ -170,6 +208,7 @@ def parse(raw: object) -> SnowflakeSettings:
     engine_url = raw.get("ENGINE_URL")
     if engine_url is not None and not isinstance(engine_url, str):
         raise _fail(f"ENGINE_URL must be a SQLAlchemy URL string, got {engine_url!r}")
+    key_columns, not_key_columns = _declared_columns(raw)
     return SnowflakeSettings(
         worker_source=source,
         worker_id=worker_id,
@@ -180,6 +219,8 @@ def parse(raw: object) -> SnowflakeSettings:
         generator_options=_options(raw, "GENERATOR_OPTIONS"),
         engine_url=engine_url,
         public_id_keys=_public_id_keys(raw.get("PUBLIC_ID_KEYS")),
+        key_columns=key_columns,
+        not_key_columns=not_key_columns,
     )
 
 

@@ -18,7 +18,7 @@ from django.db import connections, models
 
 from .columns import narrow_columns
 
-__all__ = ["widen_through_keys"]
+__all__ = ["widen_columns", "widen_through_keys"]
 
 _OLD_KEY_FIELDS = {"smallint": models.SmallAutoField, "int2": models.SmallAutoField}
 
@@ -59,3 +59,60 @@ def widen_after_migrate(
     ``TransactionTestCase``) sends the signal without a plan and changes no table: skipped."""
     if plan is not None:
         widen_through_keys(using, verbosity=verbosity, stdout=stdout)
+
+
+def _referencing_columns(model: Any) -> list[tuple[str, str]]:
+    """(table, column) of the foreign keys to ``model``'s key, auto-created many-to-many
+    tables' included (their hidden relations): altering the key alters them too."""
+    return [
+        (relation.field.model._meta.db_table, relation.field.column)
+        for relation in model._meta.get_fields(include_hidden=True)
+        if relation.auto_created and not relation.concrete and relation.is_relation
+        and relation.field.concrete
+    ]
+
+
+def widen_columns(using: str, columns: list[Any], *, dry_run: bool = False,
+                  stdout: Any = None) -> list[str]:
+    """Widen the keys among ``columns`` (:class:`.columns.NarrowColumn`) to 64 bits with the
+    foreign keys to them, as ``migrate`` would have if the migrations had changed the field;
+    return one line per key. On PostgreSQL the views and materialized views that use any of
+    those columns are dropped first and created again after, in one transaction per key."""
+    from django.db import transaction
+
+    from .dependent_views import drop_views, recreate_views, views_depending_on
+
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    done: list[str] = []
+    keys = {(column.table, column.column) for column in columns if column.field.primary_key}
+    for column in columns:
+        if not column.field.primary_key:
+            target = column.field.target_field
+            if (target.model._meta.db_table, target.column) not in keys:
+                line = (f"{column.table}.{column.column} ({column.db_type}) not widened: a "
+                        "foreign key to a key that is 64-bit already; widen it by hand")
+                done.append(line)
+                if stdout is not None:
+                    stdout.write(f"{line}\n")
+            continue  # otherwise widened with the key it points to
+        affected = [(column.table, column.column), *_referencing_columns(column.model)]
+        with transaction.atomic(using=using), connection.cursor() as cursor:
+            views = (
+                views_depending_on(cursor, [(quote(t), c) for t, c in affected])
+                if connection.vendor == "postgresql" else []
+            )
+            line = f"{column.table}.{column.column} ({column.db_type}) -> 64-bit" + (
+                f"; dropped and recreated {', '.join(view.label for view in views)}"
+                if views else ""
+            )
+            if not dry_run:
+                drop_views(cursor, views)
+                with connection.schema_editor(atomic=False) as editor:
+                    editor.alter_field(column.model, _old_key_field(column), column.field,
+                                       strict=True)
+                recreate_views(cursor, views)
+        done.append(line)
+        if stdout is not None:
+            stdout.write(f"{'would widen' if dry_run else 'widened'} {line}\n")
+    return done

@@ -1,7 +1,9 @@
 """Run Django's system checks for a throwaway project (a subprocess of test_django_checks.py).
 
-Usage: ``python -m tests.django.check_scenario PROJECT_DIR DEFAULT_AUTO_FIELD``. PROJECT_DIR
-holds the app package ``demo`` that the test wrote; prints the messages as one JSON line.
+Usage: ``python -m tests.django.check_scenario PROJECT_DIR DEFAULT_AUTO_FIELD [EXTRA]``.
+PROJECT_DIR holds the app package ``demo`` that the test wrote; EXTRA is JSON:
+``{"apps": [more INSTALLED_APPS], "path": [more sys.path], "settings": {more settings}}``.
+Prints the messages as one JSON line.
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ import django
 from django.conf import settings
 
 
-def main(project_dir: str, default_auto_field: str) -> None:
-    sys.path.insert(0, project_dir)
-    settings.configure(
-        INSTALLED_APPS=["django.contrib.contenttypes", "snowflake_db.django", "demo"],
-        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
-        DEFAULT_AUTO_FIELD=default_auto_field,
-        SNOWFLAKE_DB={"WORKER_SOURCE": "manual"},
-    )
+def main(project_dir: str, default_auto_field: str, extra: str = "{}") -> None:
+    more = json.loads(extra)
+    sys.path[:0] = [project_dir, *more.get("path", [])]
+    settings.configure(**{
+        "INSTALLED_APPS": ["django.contrib.contenttypes", "snowflake_db.django", "demo",
+                           *more.get("apps", [])],
+        "DATABASES": {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+        "DEFAULT_AUTO_FIELD": default_auto_field,
+        "SNOWFLAKE_DB": {"WORKER_SOURCE": "manual"},
+        **more.get("settings", {}),
+    })
     django.setup()
     from django.core.checks import run_checks
 
@@ -33,4 +38,4 @@ def main(project_dir: str, default_auto_field: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

@@ -18,12 +18,13 @@ Steps:
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from tests.django.scenario_support import manage as _manage
 
 LEGACY_MODELS = '''
 from django.contrib.contenttypes.fields import GenericForeignKey
@@ -110,23 +111,6 @@ def _setup(step: str, workdir: Path) -> None:
     import django
 
     django.setup()
-
-
-def _manage(*args: str, **options: Any) -> tuple[bool, str]:
-    """``manage.py ARGS`` as a user runs it: system checks on (call_command skips them)."""
-    from django.core.management import call_command
-    from django.core.management.base import SystemCheckError
-
-    out = io.StringIO()
-    if args[0] != "check":
-        options["skip_checks"] = False
-    try:
-        call_command(*args, stdout=out, stderr=out, **options)
-    except SystemCheckError as error:
-        return False, f"{out.getvalue()}{error}"
-    except SystemExit as exit_:
-        return exit_.code in (0, None), out.getvalue()
-    return True, out.getvalue()
 
 
 def _link_rows() -> dict[str, list[list[int]]]:

@@ -7,6 +7,7 @@ that prints its result as JSON on its last line.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -51,3 +52,20 @@ def run_step(
     assert result.returncode == 0, result.stderr[-3000:]
     data: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return data
+
+
+def manage(*args: str, **options: Any) -> tuple[bool, str]:
+    """``manage.py ARGS`` as a user runs it: system checks on (call_command skips them)."""
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    out = io.StringIO()
+    if args[0] != "check":
+        options["skip_checks"] = False
+    try:
+        call_command(*args, stdout=out, stderr=out, **options)
+    except SystemCheckError as error:
+        return False, f"{out.getvalue()}{error}"
+    except SystemExit as exit_:
+        return exit_.code in (0, None), out.getvalue()
+    return True, out.getvalue()

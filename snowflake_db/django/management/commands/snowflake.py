@@ -7,6 +7,7 @@
     manage.py snowflake reap [--dry-run]     # free leases the database clock says expired
     manage.py snowflake check                # lease a worker ID and release it (probes)
     manage.py snowflake doctor [--json]      # layout, its end, clock skew, slots, partitions
+    manage.py snowflake widen [--dry-run]    # keys migrations left narrow (check E010)
 
 Leases are read and reaped by :class:`snowflake_db.worker.TableWorkerAllocator` itself,
 judged by the database clock, with the tables and options of ``SNOWFLAKE_DB`` (its layout and
@@ -68,6 +69,11 @@ class Command(BaseCommand):
             "--partitions-database", help="alias holding those tables (default: default)"
         )
         doctor.add_argument("--json", action="store_true")
+        widen_help = ("widen the keys that check snowflake_db.E010 reports (migrations that "
+                      "follow DEFAULT_AUTO_FIELD leave them narrow), with their foreign keys")
+        widen = sub.add_parser("widen", help=widen_help)
+        widen.add_argument("--database", default="default", help="alias (default: default)")
+        widen.add_argument("--dry-run", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -84,8 +90,21 @@ class Command(BaseCommand):
                 partitions_alias=options.get("partitions_database") or "default",
                 as_json=options["json"],
             )
+        elif action == "widen":
+            self._widen(options["database"], dry_run=options["dry_run"])
         else:
             self._reap(options.get("database"), dry_run=options["dry_run"])
+
+    def _widen(self, alias: str, *, dry_run: bool) -> None:
+        from ...checks import unfixed_narrow_columns
+        from ...widening import widen_columns
+
+        columns = unfixed_narrow_columns(connections[alias])
+        if not columns:
+            self.stdout.write(f"every Snowflake column on {alias!r} is 64-bit (or a pending "
+                              "migration widens it)")
+            return
+        widen_columns(alias, columns, dry_run=dry_run, stdout=self.stdout)
 
     def _decode(self, raw_ids: list[str], *, as_json: bool) -> None:
         """What ``snowflake-db parse`` prints (one formatter), with the SNOWFLAKE_DB layout."""

@@ -1,0 +1,103 @@
+"""django-taggit on Snowflake-keyed models through snowflake_db.django.taggit's through model:
+taggit's own behaviours on every backend, and no clamping on MariaDB in either sql_mode."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connections
+from taggit.models import Tag
+
+from tests.django.conftest import backends
+from tests.django_project.tagged.models import Article, Product, TaggedItem
+
+#: The largest value a 32-bit signed column holds (MariaDB without strict mode clamps to it).
+INT32_MAX = 2**31 - 1
+
+
+def _stored_object_ids(alias: str) -> list[int]:
+    """The object IDs as the database holds them (read with SQL, not through the model)."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(f"SELECT object_id FROM {TaggedItem._meta.db_table} ORDER BY object_id")
+        return [int(row[0]) for row in cursor.fetchall()]
+
+
+def test_tags_are_added_read_and_stored_with_the_full_key(backend: str) -> None:
+    lamp = Product.objects.create(name="lamp")
+    assert lamp.pk > 2**53  # far beyond 32 bits (and JavaScript's exact integers)
+    lamp.tags.add("red", "metal")
+    lamp.tags.add("red")  # already there: no second row
+    assert sorted(lamp.tags.names()) == ["metal", "red"]
+    assert sorted(Product.objects.get(pk=lamp.pk).tags.slugs()) == ["metal", "red"]
+    assert _stored_object_ids(backend) == [lamp.pk, lamp.pk]
+    lamp.tags.remove("metal")
+    assert list(lamp.tags.names()) == ["red"]
+    lamp.tags.set(["blue"])
+    assert list(lamp.tags.names()) == ["blue"]
+    lamp.tags.clear()
+    assert list(lamp.tags.names()) == []
+
+
+def test_filter_by_tag_most_common_and_similar_objects(backend: str) -> None:
+    lamp, chair, desk = (Product.objects.create(name=name) for name in ("lamp", "chair", "desk"))
+    lamp.tags.add("red", "metal", "light")
+    chair.tags.add("red", "wood")
+    desk.tags.add("red", "wood", "metal")
+    news = Article.objects.create(title="news")
+    news.tags.add("red")  # another model, same tag
+
+    assert set(Product.objects.filter(tags__name__in=["wood"])) == {chair, desk}
+    assert set(Product.objects.filter(tags__name="metal")) == {lamp, desk}
+    assert set(Article.objects.filter(tags__name="red").values_list("title", flat=True)) == {
+        "news"
+    }
+    common = {tag.name: tag.num_times for tag in Product.tags.most_common()}
+    assert common == {"red": 3, "metal": 2, "wood": 2, "light": 1}
+    assert {tag.name for tag in Product.tags.most_common(min_count=2)} == {"red", "metal", "wood"}
+    # A generic through model spans models: the article shares one tag with the desk.
+    similar = desk.tags.similar_objects()
+    assert set(similar[:2]) == {lamp, chair} and similar[2:] == [news]
+    assert [obj.similar_tags for obj in similar] == [2, 2, 1]
+    assert lamp.tags.similar_objects()[0] == desk  # red and metal: 2 shared, chair only 1
+    assert sorted(Tag.objects.filter(name__in=desk.tags.names()).values_list("name", flat=True)) \
+        == ["metal", "red", "wood"]
+
+
+@pytest.fixture(params=["STRICT_TRANS_TABLES", ""], ids=["strict", "non-strict"])
+def mariadb_sql_mode(request: pytest.FixtureRequest, backend: str) -> Iterator[str]:
+    """The MariaDB session in the sql_mode of the parameter, put back afterwards."""
+    with connections[backend].cursor() as cursor:
+        cursor.execute("SELECT @@SESSION.sql_mode")
+        (previous,) = cursor.fetchone()
+        cursor.execute("SET SESSION sql_mode = %s", [request.param])
+    yield request.param
+    with connections[backend].cursor() as cursor:
+        cursor.execute("SET SESSION sql_mode = %s", [previous])
+
+
+@backends("mariadb")
+def test_mariadb_never_clamps_object_ids(backend: str, mariadb_sql_mode: str) -> None:
+    """taggit's own TaggedItem stores every key as 2147483647 without strict mode."""
+    products = [Product.objects.create(name=f"p{index}") for index in range(3)]
+    for product in products:
+        product.tags.add("sale")
+    assert _stored_object_ids(backend) == sorted(product.pk for product in products)
+    assert min(_stored_object_ids(backend)) > INT32_MAX
+    assert set(Product.objects.filter(tags__name="sale")) == set(products)
+    assert [list(product.tags.names()) for product in products] == [["sale"]] * 3
+
+
+def test_without_django_taggit_the_import_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['taggit'] = None\n"
+        "try:\n    import snowflake_db.django.taggit\n"
+        "except Exception as error:\n    print(type(error).__name__, error)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=True, cwd=Path(__file__).resolve().parents[2])
+    assert result.stdout.startswith("MissingExtraError ")
+    assert "django-taggit" in result.stdout and "snowflake-db[taggit]" in result.stdout
