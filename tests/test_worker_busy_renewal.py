@@ -4,8 +4,9 @@ Measured with ``benchmarks/bench_leases.py`` beside other test suites (load 15-2
 a renewal that came too late had run 3-5 ms of CPU but took 1.5-2.5 s, nearly all of it in
 round trips to a database whose own processes waited for a CPU; and callers, after a bounded
 wait, went back to issuing and took the CPU and the GIL from it. So a renewal applies its new
-deadline after its UPDATE's commit alone (the clocks are compared afterwards, outside the renewal's turn), and near the
-deadline callers wait for the running renewal instead of issuing beside it.
+deadline after its UPDATE's commit alone (the clocks are compared afterwards, outside the
+renewal's turn), and near the deadline callers wait for the running renewal instead of issuing
+beside it.
 
 Both judged from recorded events on PostgreSQL, MariaDB and SQLite, with the real heartbeat
 thread, caller threads and connections.
