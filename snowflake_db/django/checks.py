@@ -31,7 +31,6 @@ import importlib.util
 import os
 import sys
 import sysconfig
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
 from django.db import DatabaseError, connections, router
 from django.utils.module_loading import import_string
 
+from ..clock import wall_clock
 from ..errors import SnowflakeError
 from ..process import WORKER_ID_ENV, WORKER_URL_ENV
 from .columns import NarrowColumn, narrow_columns, snowflake_models
@@ -427,7 +427,7 @@ def _check_epoch(
     if newest is None:
         return []
     layout = conf.layout
-    now_ms = time.time_ns() // 1_000_000
+    now_ms = wall_clock()
     try:
         decoded = layout.decode(int(newest))
     except (SnowflakeError, ValueError, TypeError):
