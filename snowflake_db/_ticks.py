@@ -1,9 +1,9 @@
 """A generator's clock in ticks: the clock read in its own raw units, the tick arithmetic, and
 the bounded wait for the next tick.
 
-Ticks are expressed in the raw clock's units (nanoseconds of ``time.monotonic_ns`` for the
-default clock, milliseconds for a user's clock) so that the generator's hot path compares plain
-ints; everything here runs on its slow path, at most once per tick.
+Ticks are expressed in the raw clock's units (real monotonic nanoseconds for the default clock,
+see :mod:`snowflake_db.clock`; milliseconds for a user's clock) so that the generator's hot path
+compares plain ints; everything here runs on its slow path, at most once per tick.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .clock import Clock, MonotonicClock
+from .clock import Clock, MonotonicClock, monotonic
 from .errors import (
     ClockError,
     ClockMovedBackwardsError,
@@ -40,7 +40,7 @@ class RawTicks:
     def __init__(self, clock: Clock, layout: Layout) -> None:
         self.layout = layout
         if isinstance(clock, MonotonicClock):
-            self.read: Callable[[], int] = time.monotonic_ns
+            self.read: Callable[[], int] = clock.read_ns
             self.per_ms = _NS_PER_MS
             self.offset = clock.offset_ns
         else:
@@ -89,14 +89,14 @@ class RawTicks:
         """Wait (bounded) until the clock is past tick ``last``; raise if it goes back or stalls."""
         layout = self.layout
         next_start_ms = layout.tick_start_ms(last + 1)
-        started = time.monotonic()
+        started = monotonic()
         expected_ms = max(0, next_start_ms - self.ms_of(self.read_checked()))
         give_up = started + (expected_ms + max_wait_ms) / 1000
         while True:
             raw = self.read_checked()
             tick = self.tick_of(raw)
             if tick > last:
-                metrics.clock_waited(time.monotonic() - started)
+                metrics.clock_waited(monotonic() - started)
                 return tick
             now_ms = self.ms_of(raw)
             behind_ms = layout.tick_start_ms(last) - now_ms
@@ -105,7 +105,7 @@ class RawTicks:
                 raise ClockMovedBackwardsError(
                     behind_ms, rollback_tolerance_ms, "while waiting for the next tick"
                 )
-            if time.monotonic() > give_up:
+            if monotonic() > give_up:
                 raise ClockStalledError(
                     f"the clock did not reach tick {last + 1} (Unix ms {next_start_ms}) within "
                     f"{expected_ms + max_wait_ms} ms; it reads {now_ms} ms; no ID was issued"

@@ -25,7 +25,6 @@ import os
 import random
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator
 from itertools import islice
@@ -34,7 +33,7 @@ from operator import length_hint
 from . import forks
 from ._ticks import RawTicks
 from ._validate import require_int
-from .clock import Clock, default_clock
+from .clock import Clock, default_clock, monotonic
 from .errors import (
     ClockMovedBackwardsError,
     ForkedWorkerIdError,
@@ -371,7 +370,7 @@ class SnowflakeGenerator:
         if lease is None:
             self._take_lease(self._allocator.acquire(layout=self.layout, clock=self.clock))
             return
-        if time.monotonic() >= lease.valid_until:
+        if monotonic() >= lease.valid_until:
             self._metrics.lease_refused()
             raise LeaseExpiredError(
                 f"worker {self.worker_id}: the lease passed its local deadline without renewal, "

@@ -7,11 +7,11 @@ each carries a different shard.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 
 from ._validate import require_int
+from .clock import wall_clock
 from .errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -123,7 +123,7 @@ class Layout:
         require_int(
             "epoch_ms",
             self.epoch_ms,
-            maximum=time.time_ns() // 1_000_000,
+            maximum=wall_clock(),
             error=InvalidLayoutError,
             limit_note="the epoch must not lie in the future",
         )

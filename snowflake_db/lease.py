@@ -6,7 +6,9 @@ and, at every tick change (never per ID), checks that the lease still allows iss
 A lease promises three things, which together make reusing a masked worker slot safe:
 
 * ``worker_id`` is held by this process alone until ``valid_until`` (``time.monotonic()``
-  seconds; the allocator keeps a safety margin before the database-side expiry).
+  seconds; the allocator keeps a safety margin before the database-side expiry). The generator
+  compares it with :func:`snowflake_db.clock.monotonic`, the same clock read past any test
+  tool that fakes ``time.monotonic``.
 * ``floor_ms`` is the previous holder's high-water mark: only timestamps *above* it may be issued.
 * ``high_water_ms`` is the largest timestamp this holder may issue; it is stored in the database
   before it is returned, so the next holder of the slot starts above it.

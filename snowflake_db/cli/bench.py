@@ -7,9 +7,9 @@ this command needs nothing beyond the package, so it can be run on a production 
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
+from ..clock import monotonic
 from ..errors import CommandError
 from ..generator import SnowflakeGenerator
 from .ids import add_layout_options, layout_from_args
@@ -30,8 +30,8 @@ def _window(
     layout = generator.layout
     first_tick = layout.tick_of(layout.decode(generator.next_id()).timestamp_ms)
     issued = last_id = 0
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
+    deadline = monotonic() + seconds
+    while monotonic() < deadline:
         count, last_id = issue()
         issued += count
     last_tick = max(

@@ -6,10 +6,10 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
+from ..clock import wall_clock
 from ..errors import CommandError
 from ..generator import SnowflakeGenerator
 from ..layout import DEFAULT_EPOCH_MS, LAYOUT_FIELDS, USABLE_BITS, Layout, to_unix_ms
@@ -60,7 +60,7 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
         if maximum is not None and value > maximum:
             raise CommandError(f"{_option(name)} {value} exceeds the maximum {maximum}")
     epoch_ms = parse_epoch(args.epoch)
-    now_ms = time.time_ns() // 1_000_000
+    now_ms = wall_clock()
     if epoch_ms < 0:
         raise CommandError(
             f"--epoch {args.epoch} lies before 1970-01-01T00:00:00Z; give Unix milliseconds "
@@ -114,7 +114,7 @@ def _parse(args: argparse.Namespace) -> int:
         raise CommandError("no ID given (on stdin for 'parse -')")
     print(json_text(rows) if args.json else "\n".join(table_lines(rows)))
     sys.stdout.flush()  # the table before the warnings when both go to a terminal
-    for warning in suspicions(layout, rows, time.time_ns() // 1_000_000):
+    for warning in suspicions(layout, rows, wall_clock()):
         print(
             f"snowflake-db parse: warning: {warning} (see --epoch and the --*-bits options)",
             file=sys.stderr,

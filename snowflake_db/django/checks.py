@@ -32,7 +32,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,6 +42,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, router
 from django.utils.module_loading import import_string
 
+from ..clock import wall_clock
 from ..errors import SnowflakeError
 from ..process import WORKER_ID_ENV, WORKER_URL_ENV
 from .columns import NarrowColumn, narrow_columns, snowflake_models
@@ -483,7 +483,7 @@ def _check_epoch(
     if newest is None:
         return []
     layout = conf.layout
-    now_ms = time.time_ns() // 1_000_000
+    now_ms = wall_clock()
     try:
         decoded = layout.decode(int(newest))
     except (SnowflakeError, ValueError, TypeError):

@@ -25,11 +25,11 @@ counted in :mod:`._recorder` and told to listeners in :mod:`._events`.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import forks
+from ..clock import wall_clock
 from ..errors import InvalidArgumentTypeError, SnowflakeError
 from ._events import EVENTS, Listener, add_listener, remove_listener
 from ._figures import FIGURES, Figure, MetricsSnapshot, SlotCounts, SlotRowLike, Totals
@@ -134,7 +134,7 @@ def _build(totals: Totals, layouts: list[Layout], slots_from: Any) -> MetricsSna
 def days_left(layout: Layout, now_ms: int | None = None) -> float:
     """Days from ``now_ms`` (default: the wall clock) until the layout's time bits run out."""
     if now_ms is None:
-        now_ms = time.time_ns() // 1_000_000
+        now_ms = wall_clock()
     return (layout.max_timestamp_ms + 1 - now_ms) / _MS_PER_DAY
 
 

@@ -11,7 +11,6 @@ path (at most once per tick) or from the heartbeat.
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from collections import deque
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from operator import length_hint
 from typing import TYPE_CHECKING
 
 from .. import forks
+from ..clock import monotonic
 from ._events import notify
 from ._figures import Totals
 
@@ -73,7 +73,7 @@ class MetricsRecorder:
         A forked child never counts its parent's window: the reset forgets the recorder's
         window, and the generator retires its own copy without naming it.
         """
-        now = time.monotonic()
+        now = monotonic()
         ended: float | None = None
         with self._lock:
             self._replace_window(now)
@@ -89,7 +89,7 @@ class MetricsRecorder:
     def window_closed(self) -> None:
         """The current window is retired with no replacement (lease change, fork, close)."""
         with self._lock:
-            self._replace_window(time.monotonic())
+            self._replace_window(monotonic())
 
     def _replace_window(self, now: float) -> None:
         if self._window is not None:
@@ -130,14 +130,14 @@ class MetricsRecorder:
         with self._lock:
             self._totals["lease_refusals"] += 1
             if self._fenced_since is None:
-                self._fenced_since = time.monotonic()
+                self._fenced_since = monotonic()
         notify("lease_refused", 0)
 
     def generator_closed(self) -> None:
         """A closed generator is no longer fenced (its ongoing fence ends now)."""
         with self._lock:
             if self._fenced_since is not None:
-                self._totals["fenced_seconds"] += time.monotonic() - self._fenced_since
+                self._totals["fenced_seconds"] += monotonic() - self._fenced_since
                 self._fenced_since = None
 
     # -- allocator events ----------------------------------------------------------------------
@@ -178,7 +178,7 @@ class MetricsRecorder:
 
     def totals(self) -> Totals:
         """A copy of the counters, with the IDs taken so far from the windows still read."""
-        now = time.monotonic()
+        now = monotonic()
         with self._lock:
             totals = self._totals.copy()
             for _, window, size in self._replaced:

@@ -40,11 +40,11 @@ mapping that can change: moving a logical shard to another target rewrites no ID
 from __future__ import annotations
 
 import hashlib
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 
+from ..clock import wall_clock
 from ..errors import (
     ForeignIdError,
     InvalidArgumentError,
@@ -309,7 +309,7 @@ class ShardRouter:
             value = self.layout.check_id(snowflake_id)
         except InvalidIdError as error:
             raise ForeignIdError(f"{error}; is it an ID of another layout?") from None
-        now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        now = wall_clock() if now_ms is None else now_ms
         issued_ms = self.layout.decode(value).timestamp_ms
         if issued_ms > now + future_slack_ms:
             raise ForeignIdError(

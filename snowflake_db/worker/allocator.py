@@ -13,7 +13,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any, TypeVar
@@ -24,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .. import forks
 from .._validate import require_int, require_seconds
-from ..clock import Clock, default_clock
+from ..clock import Clock, default_clock, monotonic
 from ..errors import (
     AllocatorUnavailableError,
     InvalidArgumentError,
@@ -177,16 +176,16 @@ class TableWorkerAllocator:
         require_layout(layout)
         if not callable(clock):
             raise InvalidArgumentTypeError(f"clock must be a zero-argument callable, got {clock!r}")
-        started = time.monotonic()
+        started = monotonic()
         try:
             lease = self._use(
                 "cannot lease a worker ID (there is no fallback worker ID)",
                 partial(self._acquire, layout=layout, clock=clock),
             )
         except SnowflakeError:
-            self.metrics_recorder.acquisition_failed(time.monotonic() - started)
+            self.metrics_recorder.acquisition_failed(monotonic() - started)
             raise
-        self.metrics_recorder.lease_acquired(time.monotonic() - started)
+        self.metrics_recorder.lease_acquired(monotonic() - started)
         # Committed: only now may the heartbeat renew it and the generator use it.
         self._keeper.heartbeat.add(lease)
         forking.release_at_child_exit()

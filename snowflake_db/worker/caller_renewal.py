@@ -20,10 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 
 from .. import forks
+from ..clock import monotonic
 from .lease import HELD, TableLease, run_after_renewal
 
 logger = logging.getLogger("snowflake_db.worker")
@@ -54,7 +54,7 @@ class CallerRenewal:
         and the GIL from the renewal that keeps the lease valid. True if it ended."""
         if running.wait(self.wait_seconds):
             return True
-        remaining = lease.valid_until - time.monotonic()
+        remaining = lease.valid_until - monotonic()
         return 0 < remaining <= self.hold_seconds and running.wait(remaining)
 
     def __call__(self, lease: TableLease) -> None:
@@ -83,7 +83,7 @@ class CallerRenewal:
         if not done:
             # Leave the lease to the running renewal for a while, but come back (and wait
             # for it again) once the deadline is near.
-            now = time.monotonic()
+            now = monotonic()
             pause_until = now + self.wait_seconds
             if now < lease.valid_until:
                 pause_until = min(pause_until, lease.valid_until - self.hold_seconds)
@@ -97,7 +97,7 @@ class CallerRenewal:
                 lease.caller_renewals += 1
         except Exception:  # a thread of ours must not die with a traceback on stderr
             logger.exception("snowflake_db: renewing %r for a caller failed unexpectedly", lease)
-            lease.next_renewal_at = time.monotonic() + 1.0
+            lease.next_renewal_at = monotonic() + 1.0
         finally:
             lease.finish_renewal(turn)
         if self._after_renewal is not None:

@@ -32,14 +32,13 @@ Within the claim's transaction the previous holder's high-water mark becomes the
 from __future__ import annotations
 
 import secrets
-import time
 from dataclasses import dataclass
 from functools import partial
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
-from ..clock import Clock
+from ..clock import Clock, monotonic
 from ..errors import WorkerIdExhaustedError
 from ..layout import Layout
 from .layouts import ensure_layout
@@ -224,7 +223,7 @@ def claim_lease(
     """
     claim = holder.claim(worker_id, registration_id=registration_id, lease_ms=terms.lease_ms)
     # Before the claim statement: the database computes the expiry later than this.
-    started = time.monotonic()
+    started = monotonic()
     savepoint = connection.begin_nested()
     try:
         if store.claim_existing(connection, claim):

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..clock import Clock
+from ..clock import Clock, monotonic
 from ..metrics import MetricsRecorder
 from . import claims, clock_skew
 from .caller_renewal import CallerRenewal
@@ -101,7 +100,7 @@ class LeaseKeeper:
             self.heartbeat.discard(lease)
             return
         timing = self._timing
-        started = time.monotonic()
+        started = monotonic()
         try:
             high_water_ms = max(lease.high_water_ms, lease.clock() + timing.reserve_ahead_ms)
             # Only the UPDATE and its commit stand between the start and the new deadline: on
@@ -116,10 +115,10 @@ class LeaseKeeper:
                     high_water_ms=high_water_ms,
                 )
         except Exception as error:
-            self._recorder.renewal_failed(time.monotonic() - started)
+            self._recorder.renewal_failed(monotonic() - started)
             lease.failures += 1
             lease.last_error = describe_error(error)
-            lease.next_renewal_at = time.monotonic() + timing.renew_every / 4
+            lease.next_renewal_at = monotonic() + timing.renew_every / 4
             if lease.failures == 1:
                 logger.warning(
                     "snowflake_db: renewing the lease on worker %d failed (%s); retrying",
@@ -127,7 +126,7 @@ class LeaseKeeper:
                     lease.last_error,
                 )
             return
-        self._recorder.renewal_answered(time.monotonic() - started, renewed=renewed)
+        self._recorder.renewal_answered(monotonic() - started, renewed=renewed)
         with lease.lock:
             if lease.state != HELD:
                 return

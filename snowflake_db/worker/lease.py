@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .. import forks
-from ..clock import MonotonicClock
+from ..clock import MonotonicClock, monotonic
 
 if TYPE_CHECKING:
     from ..clock import Clock
@@ -123,7 +123,7 @@ class TableLease:
         where = f"worker {self._worker_id} in {self._where}"
         if self.state != HELD:
             return f"{where}: {self._problem or self.state}"
-        age = time.monotonic() - self.renewed_at
+        age = monotonic() - self.renewed_at
         detail = f"{where}: last renewed {age:.1f} s ago"
         if self.last_error:
             detail += f"; {self.failures} renewal(s) failed, last: {self.last_error}"
@@ -142,7 +142,7 @@ class TableLease:
         more than ``caller_grace``, the allocator renews on the caller's behalf and waits for
         it, bounded; the caller then checks ``valid_until`` as always. Never raises.
         """
-        now = time.monotonic()
+        now = monotonic()
         if now < self.next_renewal_at + self.caller_grace or now < self.caller_not_before:
             return
         renew = self._renew_for_caller
@@ -190,8 +190,8 @@ class TableLease:
         if floor is None:
             return
         clock = self.clock
-        give_up = time.monotonic() + max_wait_ms / 1000 + 0.05
-        while clock() <= floor and time.monotonic() < give_up:
+        give_up = monotonic() + max_wait_ms / 1000 + 0.05
+        while clock() <= floor and monotonic() < give_up:
             time.sleep(min(0.05, max(0.001, (floor - clock() + 1) / 1000)))
 
     def renewed(self, *, started: float, valid_for: float, high_water_ms: int) -> None:
@@ -314,7 +314,7 @@ class Heartbeat:
         """Wait until some lease is due; ``None`` when stopping."""
         with self._condition:
             while not self._stopping:
-                now = time.monotonic()
+                now = monotonic()
                 due = [lease for lease in self._leases if lease.next_renewal_at <= now]
                 if due:
                     return due
@@ -328,7 +328,7 @@ class Heartbeat:
             if due is None:
                 return
             for lease in due:
-                if lease.next_renewal_at > time.monotonic():
+                if lease.next_renewal_at > monotonic():
                     continue  # a caller renewed it meanwhile
                 turn = lease.start_renewal()
                 if turn is None:
@@ -342,7 +342,7 @@ class Heartbeat:
                     self._renew(lease)
                 except Exception:  # the heartbeat must outlive any surprise
                     logger.exception("snowflake_db: renewing %r failed unexpectedly", lease)
-                    lease.next_renewal_at = time.monotonic() + 1.0
+                    lease.next_renewal_at = monotonic() + 1.0
                 finally:
                     lease.finish_renewal(turn)
                 if self._after_renewal is not None:

@@ -20,7 +20,6 @@ deleted: they carry the high-water marks that make reusing a worker ID safe.
 from __future__ import annotations
 
 import json
-import time
 from argparse import ArgumentParser
 from datetime import UTC, datetime
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
+from ....clock import wall_clock
 from ....errors import SnowflakeError
 from ...conf import get_settings
 from ...worker import control_allocator
@@ -116,7 +116,7 @@ class Command(BaseCommand):
         except ValueError as error:  # includes SnowflakeError's InvalidIdError
             raise CommandError(f"cannot decode: {error}") from None
         self.stdout.write(json_text(rows) if as_json else "\n".join(table_lines(rows)))
-        for warning in suspicions(layout, rows, time.time_ns() // 1_000_000):
+        for warning in suspicions(layout, rows, wall_clock()):
             self.stderr.write(f"warning: {warning} (see SNOWFLAKE_DB's LAYOUT and EPOCH)")
 
     def _allocator(self, alias: str | None) -> Any:
