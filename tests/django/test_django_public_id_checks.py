@@ -133,15 +133,19 @@ def no_keys(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     configure_public_ids(None)
 
 
+PUBLIC_ID_CHECKS = {"snowflake_db.W020", "snowflake_db.E020", "snowflake_db.E021"}
+
+
 def test_the_test_projects_public_ids_are_checked(no_keys: None) -> None:
     """The test project's two ``PublicId`` fields (one on the primary key, one on a
-    ``SnowflakeField``), through the same registry ``manage.py check`` runs."""
+    ``SnowflakeField``), through the same registry ``manage.py check`` runs (the project's
+    other findings, such as its E014 example, are not this test's)."""
 
     def reported() -> list[tuple[str, str]]:
         return sorted(
             (message.id or "", str(message.obj))
             for message in run_checks(tags=["models"])
-            if (message.id or "").startswith("snowflake_db.")
+            if message.id in PUBLIC_ID_CHECKS
         )
 
     assert reported() == [
