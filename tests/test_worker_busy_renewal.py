@@ -123,29 +123,46 @@ def test_near_the_deadline_callers_wait_for_the_running_renewal(any_db: ScratchD
         gen = SnowflakeGenerator(allocator=alloc)
         gen.ensure_worker()
         lease = _lease(gen)
-        in_flight: list[float] = []  # moments a renewal was seen running
         with calling(gen) as callers:
-            renewals = lease.renewals
-            assert wait_for(lambda: lease.renewals > renewals, 10, poll=0.005)
-            with slot_row_locked(any_db, lease.worker_id):
-                # No renewal commits now (one whose UPDATE came first may still be applied).
-                locked_at = time.monotonic()
-                while time.monotonic() < lease.valid_until + 0.1:
-                    if lease.renewal_in_flight() is not None:
-                        in_flight.append(time.monotonic())
-                    time.sleep(0.005)
-                deadline = lease.valid_until
-            assert wait_for(lambda: not lease.lost and time.monotonic() < lease.valid_until, 20)
-        # Judged while a renewal was seen running (polled every 5 ms; a longer gap, a starved
-        # poller, ends a run) within the last 0.25 s: due 0.7 s before the deadline, it normally
-        # runs through all of it. A call may still end the tick it began in (1 ms).
-        start, end = _running_through(in_flight, deadline - hold, deadline)
-        window = (start + 0.005, end)
-        assert window[1] - window[0] > 0.05, (in_flight[:1], in_flight[-1:], deadline)
-        assert callers.issued_between(locked_at, window[0]) > 0  # valid: callers issue
-        assert callers.issued_between(*window) == 0
+            # The judgement needs a renewal seen running through part of the last 0.25 s. Due
+            # 0.7 s before the deadline, it normally runs through all of it; on a loaded machine
+            # the heartbeat and the callers may all start it only after the deadline. Then the
+            # next lease period is tried (at most 3): every window seen is judged.
+            seen = []
+            for _ in range(3):
+                seen.append(_lock_through_a_deadline(any_db, lease, hold))
+                if seen[-1][2][1] - seen[-1][2][0] > 0.05:
+                    break
+        assert seen[-1][2][1] - seen[-1][2][0] > 0.05, seen
+        for locked_at, _deadline, (start, end) in seen:
+            if end > start:
+                assert callers.issued_between(locked_at, start) > 0  # valid: callers issue
+                assert callers.issued_between(start, end) == 0
         assert {error for error, _ in callers.errors} <= {LeaseExpiredError}
         gen.close()
+
+
+def _lock_through_a_deadline(
+    database: ScratchDatabase, lease: TableLease, hold: float
+) -> tuple[float, float, tuple[float, float]]:
+    """Lock the slot row from just after a renewal until past the local deadline; return when
+    it was locked, the deadline, and the part of its last ``hold`` seconds during which a
+    renewal was seen running (polled every 5 ms; a longer gap, a starved poller, ends a run;
+    a call may still end the tick it began in: 5 ms off the start)."""
+    in_flight: list[float] = []  # moments a renewal was seen running
+    renewals = lease.renewals
+    assert wait_for(lambda: lease.renewals > renewals, 10, poll=0.005)
+    with slot_row_locked(database, lease.worker_id):
+        # No renewal commits now (one whose UPDATE came first may still be applied).
+        locked_at = time.monotonic()
+        while time.monotonic() < lease.valid_until + 0.1:
+            if lease.renewal_in_flight() is not None:
+                in_flight.append(time.monotonic())
+            time.sleep(0.005)
+        deadline = lease.valid_until
+    assert wait_for(lambda: not lease.lost and time.monotonic() < lease.valid_until, 20)
+    start, end = _running_through(in_flight, deadline - hold, deadline)
+    return locked_at, deadline, (start + 0.005, end)
 
 
 def _running_through(samples: list[float], start: float, end: float) -> tuple[float, float]:
