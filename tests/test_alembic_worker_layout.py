@@ -25,6 +25,7 @@ from snowflake_db.worker import worker_tables
 from snowflake_db.worker.layouts import layout_text
 
 from .alembic_support import make_project, write_revision
+from .outage_support import STEADY_LEASE_SECONDS
 from .plugins.databases import ScratchDatabase
 from .worker_support import allocator, read_slots
 
@@ -81,7 +82,9 @@ def test_autogenerate_adds_the_layout_table_to_an_older_install(
     Path(again.path).unlink()
 
     # The first process adopts its layout (the migration leaves the table empty).
-    with allocator(any_db, create_tables=False) as alloc:
+    # The steady lease: this test judges no lease timing, and a 2 s lease's 2 s read timeout
+    # lost a MariaDB COMMIT beside the lease benchmark (AllocatorUnavailableError, a safe refusal).
+    with allocator(any_db, create_tables=False, lease_seconds=STEADY_LEASE_SECONDS) as alloc:
         alloc.acquire(layout=Layout(worker_bits=9, sequence_bits=13), clock=MonotonicClock())
         with pytest.raises(LayoutMismatchError):
             alloc.acquire(layout=Layout(), clock=MonotonicClock())
