@@ -19,7 +19,7 @@ from typing import Any
 
 import pymysql
 
-from tests.plugins.databases import server_url
+from tests.plugins.databases import PROBE_CONNECT_SECONDS, server_url
 
 pymysql.install_as_MySQLdb()  # Django's MySQL backend imports MySQLdb
 
@@ -94,12 +94,12 @@ def _server_alias(backend: str, engine: str) -> dict[str, Any] | None:
             psycopg.connect(
                 host=url.host, port=url.port or 5432, user=url.username,
                 password=url.password or "", dbname=url.database or "postgres",
-                connect_timeout=3,
+                connect_timeout=PROBE_CONNECT_SECONDS,
             ).close()
         else:
             pymysql.connect(
                 host=url.host, port=url.port or 3306, user=url.username,
-                password=url.password or "", connect_timeout=3,
+                password=url.password or "", connect_timeout=PROBE_CONNECT_SECONDS,
             ).close()
     except Exception as error:
         first_line = f"{type(error).__name__}: {error}".splitlines()[0]

@@ -47,6 +47,13 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
+#: How long the once-per-process probe waits for a server to accept a connection. A server that
+#: is not there refuses at once; one that is busy (the shared servers beside a second suite, a
+#: lease benchmark and Django's own suite) took more than 3 s, and a 3 s probe then failed every
+#: test of that backend in that process, and in the Django settings dropped its alias, so
+#: pytest-xdist's workers collected different tests (make test beside the lease benchmark).
+PROBE_CONNECT_SECONDS = 30
+
 _reachable: dict[str, str | None] = {}
 
 
@@ -54,7 +61,7 @@ def _check_server(backend: str) -> None:
     """Connect once per session; remember the error so every test reports the same reason."""
     if backend not in _reachable:
         url = server_url(backend)
-        connect_args = {"connect_timeout": 3}
+        connect_args = {"connect_timeout": PROBE_CONNECT_SECONDS}
         try:
             engine = create_engine(url, connect_args=connect_args)
             with engine.connect() as connection:
