@@ -64,6 +64,7 @@ from lease_judge import (
     server_moments,
 )
 from sqlalchemy import Connection, create_engine
+from sqlalchemy.exc import OperationalError
 
 import snowflake_db
 
@@ -191,9 +192,19 @@ def _on_connection(url: str, work: Callable[[Connection], T]) -> T:
         engine.dispose()
 
 
-def _offset(url: str, clock_offset_ns: int) -> tuple[int, int]:
-    """This process's clock minus the database's, and the uncertainty, in µs."""
-    return _on_connection(url, partial(measure_offset_us, clock_offset_ns=clock_offset_ns))
+def _offset(url: str, clock_offset_ns: int, *, wait_seconds: float = 60.0) -> tuple[int, int]:
+    """This process's clock minus the database's, and the uncertainty, in µs. Connection
+    failures are retried for ``wait_seconds``: after the outage phase a loaded machine can take
+    longer than the phase's tail to bring the throwaway server back ("the database system is
+    starting up" failed a whole run once)."""
+    give_up = time.monotonic() + wait_seconds
+    while True:
+        try:
+            return _on_connection(url, partial(measure_offset_us, clock_offset_ns=clock_offset_ns))
+        except OperationalError:
+            if time.monotonic() >= give_up:
+                raise
+            time.sleep(0.5)
 
 
 #: The fields of a :class:`ProcessResult` taken from a process's report as they are.
