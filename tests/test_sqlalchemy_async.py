@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import func, insert, select
@@ -24,14 +23,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
 WORKER_ID = 91
+pytestmark = pytest.mark.static_worker(WORKER_ID)
 LAYOUT = snowflake_db.Layout()
-
-
-@pytest.fixture(autouse=True)
-def configured() -> Iterator[None]:
-    snowflake_db.configure(worker_id=WORKER_ID)
-    yield
-    snowflake_db.reset()
 
 
 def test_async_session_and_core_on_postgresql(postgres_db: ScratchDatabase) -> None:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy import MetaData, create_engine, event, text
+from sqlalchemy.engine import URL, Engine, make_url
 
 POSTGRES_URL_ENV = "SNOWFLAKE_TEST_POSTGRES_URL"
 MARIADB_URL_ENV = "SNOWFLAKE_TEST_MARIADB_URL"
@@ -88,10 +88,29 @@ class ScratchDatabase:
     backend: str
     url: URL
     name: str
+    engines: list[Engine] = field(default_factory=list, repr=False)
 
     @property
     def url_string(self) -> str:
         return self.url.render_as_string(hide_password=False)
+
+    def engine(
+        self, *metadata: MetaData, sqlite_foreign_keys: bool = False, **connect_args: Any
+    ) -> Engine:
+        """An engine on this database with ``metadata``'s tables created. It is disposed when
+        the database is dropped, so no test leaves connections open on a database being dropped.
+        ``sqlite_foreign_keys``: SQLite enforces foreign keys only when each connection asks."""
+        engine = create_engine(self.url, connect_args=connect_args)
+        if sqlite_foreign_keys and self.backend == "sqlite":
+            event.listen(engine, "connect", _sqlite_foreign_keys_on)
+        self.engines.append(engine)
+        for tables in metadata:
+            tables.create_all(engine)
+        return engine
+
+
+def _sqlite_foreign_keys_on(dbapi_connection: Any, _record: object) -> None:
+    dbapi_connection.execute("PRAGMA foreign_keys=ON")
 
 
 def create_database(backend: str, tmp_dir: Path) -> ScratchDatabase:
@@ -114,6 +133,8 @@ def create_database(backend: str, tmp_dir: Path) -> ScratchDatabase:
 
 
 def drop_database(database: ScratchDatabase) -> None:
+    for engine in database.engines:
+        engine.dispose()
     if database.backend == "sqlite":
         path = Path(database.url.database or "")
         for suffix in ("", "-wal", "-shm", "-journal"):
