@@ -203,7 +203,9 @@ def test_callers_keep_the_lease_while_the_heartbeat_is_starved(any_db: ScratchDa
             starver.start()
             assert held.wait(10)
             by_callers = lease.caller_renewals
-            time.sleep(6 * alloc.renew_every)  # two lease lengths: only callers can renew
+            # Two lease lengths in real time (the subject: who renews while they pass): only
+            # callers can renew.
+            time.sleep(6 * alloc.renew_every)
             starved_renewals = lease.caller_renewals - by_callers
             release.set()
             starver.join(10)

@@ -321,7 +321,8 @@ def test_table_allocator_leases_and_heartbeats(
         assert slot.pid == os.getpid() and slot.lease_token and slot.expires_at_ms
         assert WorkerRegistration.objects.filter(pid=os.getpid()).exists()
         renewed = slot.renewed_at_ms or slot.acquired_at_ms or 0
-        time.sleep(lease + 0.1)  # longer than the lease: only the heartbeat keeps it alive
+        # Longer than the lease, in real time (the subject): only the heartbeat keeps it alive.
+        time.sleep(lease + 0.1)
         second = Customer.objects.create(name="bob").pk
         assert second > first and LAYOUT.decode(second).worker_id == worker_id
         slot.refresh_from_db()
