@@ -235,6 +235,8 @@ def _next_holder_takes_over(
     stopped one runs again: it issues nothing new, and the two holders' IDs are disjoint."""
     try:
         deadline = time.monotonic() + 30
+        # Waited out, not set in the table: real time is the subject (the stopped holder's
+        # local deadline must pass before the database lets the next holder in).
         while read_slots(db.url)[0].state == "live":  # wait for the database to expire it
             assert time.monotonic() < deadline
             time.sleep(0.1)
