@@ -127,6 +127,8 @@ def run_in_fork(child: Callable[[], Any], fork: Callable[[], int] = os.fork) -> 
     leaves the child a GIL that can hang it before the library's repair runs (see
     tests/test_fork_busy_heartbeat.py, which forks beside a busy thread on purpose)."""
     if fork is not os.fork:
+        # A quiet period, not a wait for the test's own actors: no event says when another
+        # thread (pytest-xdist's) is about to want the GIL, so there is nothing to wait on.
         time.sleep(0.2)
     read_fd, write_fd = os.pipe()
     pid = fork()

@@ -30,4 +30,5 @@ def settle_threads(lease: TableLease | None = None) -> None:
         while lease.renewals == renewals and time.monotonic() < deadline:
             time.sleep(0.002)
         assert lease.renewals > renewals, "the parent's heartbeat did not renew"
+    # Then a quiet period: no event says when a thread is about to want the GIL.
     time.sleep(0.05 if lease is not None else 0.2)

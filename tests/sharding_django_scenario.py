@@ -119,8 +119,7 @@ def test_a_string_pk_from_a_url_is_routed_like_an_int(shop: Shop) -> None:
 def test_an_order_number_is_routed_like_its_key(
     shop: Shop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("cryptography", reason="public numbers need the public-ids extra")
-    from snowflake_db.public_ids import ENV_VAR, generate_key
+    from snowflake_db.public_ids import ENV_VAR, generate_key  # the public-ids extra
 
     if not os.environ.get(ENV_VAR):
         monkeypatch.setenv(ENV_VAR, generate_key())
@@ -175,8 +174,9 @@ def test_a_pk_that_does_not_embed_the_customers_shard_is_refused(shop: Shop) -> 
         wrong.save(force_insert=True)
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL partitioning")
 def test_partition_operations_create_partitions(shop: Shop) -> None:
+    """PostgreSQL only: tests/test_sharding_django.py deselects it elsewhere."""
+    assert connection.vendor == "postgresql", "PostgreSQL partitioning"
     layout = {"sequence_bits": 8, "shard_bits": 4}
     ops = [
         CreateShardPartitionedTable("orders_by_shard", "id bigint NOT NULL", layout),

@@ -5,14 +5,13 @@ PostgreSQL (serial and identity keys), MariaDB and SQLite with foreign keys enfo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import BigInteger, create_engine, event, insert, inspect, text
+from sqlalchemy import BigInteger, insert, inspect, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
@@ -34,6 +33,7 @@ from .convert_existing_support import (
 from .plugins.databases import ScratchDatabase
 
 APP_WORKER = 21
+pytestmark = pytest.mark.static_worker(APP_WORKER)
 INT32_MAX = 2**31 - 1
 LAYOUT = snowflake_db.Layout()
 
@@ -53,22 +53,6 @@ ENFORCING_ENV_PY = ENV_PY.replace(
     "        event.listen(engine, 'connect',\n"
     "                     lambda dbapi, record: dbapi.execute('PRAGMA foreign_keys=ON'))\n",
 )
-
-
-@pytest.fixture(autouse=True)
-def configured() -> Iterator[None]:
-    snowflake_db.configure(worker_id=APP_WORKER)
-    yield
-    snowflake_db.reset()
-
-
-def _engine(db: ScratchDatabase) -> Engine:
-    engine = create_engine(db.url)
-    if db.backend == "sqlite":
-        event.listen(
-            engine, "connect", lambda dbapi, record: dbapi.execute("PRAGMA foreign_keys=ON")
-        )
-    return engine
 
 
 def _project(tmp_path: Path, db: ScratchDatabase, variant: str) -> Config:
@@ -132,7 +116,7 @@ def test_existing_schema_converts_then_links_old_and_new_rows(
     db: ScratchDatabase = database_factory(backend)
     config = _project(tmp_path, db, variant)
     command.upgrade(config, "r1")
-    engine = _engine(db)
+    engine = db.engine(sqlite_foreign_keys=True)
     models = new_models(variant)
     metadata = models["metadata"]
     try:
@@ -303,7 +287,7 @@ def test_sqlite_rebuild_with_foreign_keys_enforced_keeps_cascading_children(
     from alembic.migration import MigrationContext
     from alembic.operations import Operations
 
-    engine = _engine(sqlite_db)
+    engine = sqlite_db.engine(sqlite_foreign_keys=True)
     try:
         _cascading_shop(engine)
         with engine.begin() as conn:
@@ -330,7 +314,7 @@ def test_sqlite_refuses_to_rebuild_inside_a_written_transaction_with_foreign_key
     from alembic.migration import MigrationContext
     from alembic.operations import Operations
 
-    engine = _engine(sqlite_db)
+    engine = sqlite_db.engine(sqlite_foreign_keys=True)
     try:
         _cascading_shop(engine)
         with engine.connect() as conn:
@@ -354,7 +338,7 @@ def test_mariadb_insert_ignore_clamps_a_key_before_the_conversion(
     duplicate; the check names the columns first."""
     config = _project(tmp_path, mariadb_db, "serial")
     command.upgrade(config, "r1")
-    engine = _engine(mariadb_db)
+    engine = mariadb_db.engine()
     models = new_models("serial")
     try:
         keys = snowflake_db.snowflake_default(), snowflake_db.snowflake_default()
@@ -378,7 +362,7 @@ def test_postgresql_reference_from_another_schema_is_widened(postgres_db: Scratc
     from alembic.migration import MigrationContext
     from alembic.operations import Operations
 
-    engine = _engine(postgres_db)
+    engine = postgres_db.engine()
     models = new_models("serial")
     try:
         with engine.begin() as conn:
@@ -449,7 +433,7 @@ def test_autogenerate_widens_references_the_database_has_no_constraint_for(
         )
     lines = _autogenerate(config, metadata, "r2")
     command.upgrade(config, "head")
-    engine = _engine(db)
+    engine = db.engine(sqlite_foreign_keys=True)
     try:
         assert narrow_snowflake_columns(engine, metadata) == []
         assert {fk[0] for fk in _foreign_keys(engine)} == {"audit", "zz_notes"}

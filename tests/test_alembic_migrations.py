@@ -3,7 +3,6 @@ foreign-key children to a Snowflake BIGINT key, on PostgreSQL, MariaDB and SQLit
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +20,8 @@ from .alembic_support import converted_models, make_project, project_with_orders
 from .plugins.databases import ScratchDatabase
 
 APP_WORKER = 12
+pytestmark = pytest.mark.static_worker(APP_WORKER)
 LAYOUT = snowflake_db.Layout()
-
-
-@pytest.fixture(autouse=True)
-def configured() -> Iterator[None]:
-    snowflake_db.configure(worker_id=APP_WORKER)
-    yield
-    snowflake_db.reset()
-
-
-def _engine(db: ScratchDatabase) -> Engine:
-    return create_engine(db.url)
 
 
 def _snapshot(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:
@@ -119,7 +108,7 @@ def test_convert_serial_key_with_children_and_back(
         'op.revert_snowflake_pk("orders")',
     )
     command.upgrade(config, "r1")
-    engine = _engine(db)
+    engine = db.engine()
     try:
         before = _snapshot(engine)
         assert len(before["orders"]) == 20 and len(before["items"]) == 40
@@ -192,7 +181,7 @@ def test_identity_key_and_bigint_revert_on_postgresql(
         'op.revert_snowflake_pk("invoices", type_="bigint")',
     )
     command.upgrade(config, "head")
-    engine = _engine(postgres_db)
+    engine = postgres_db.engine()
     try:
         for table in ("invoices", "lines"):
             column = _column(engine, table, "id")

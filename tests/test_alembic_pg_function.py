@@ -4,7 +4,6 @@ permanently reserved worker slot, and no duplicates when many sessions insert at
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +24,10 @@ from .alembic_support import project_with_orders, write_revision
 from .plugins.databases import ScratchDatabase
 
 APP_WORKER = 4
+pytestmark = pytest.mark.static_worker(APP_WORKER)
 LAYOUT = Layout()
 #: 4 IDs per tick: the function runs out of sequence values constantly and must wait.
 TINY = Layout(time_bits=41, worker_bits=10, sequence_bits=2)
-
-
-@pytest.fixture(autouse=True)
-def configured() -> Iterator[None]:
-    snowflake_db.configure(worker_id=APP_WORKER)
-    yield
-    snowflake_db.reset()
 
 
 def _slots(engine: Engine, table: str = "snowflake_worker_slots") -> list[Any]:

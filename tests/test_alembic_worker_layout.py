@@ -6,7 +6,6 @@ function's reservation respects the recorded layout."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ from alembic.autogenerate import render_python_code
 from alembic.operations import ops
 from sqlalchemy import MetaData, create_engine, inspect, select
 
-import snowflake_db
 from snowflake_db import Layout, LayoutMismatchError, MonotonicClock
 from snowflake_db.alembic import (
     CreateSnowflakeWorkerLayoutTableOp,
@@ -135,14 +133,7 @@ def test_layout_table_operations_render_and_reverse() -> None:
     assert worker_tables(MetaData(), slots_table="billing_slots").layout.name == "billing_layout"
 
 
-@pytest.fixture
-def app_worker() -> Iterator[None]:
-    snowflake_db.configure(worker_id=4)
-    yield
-    snowflake_db.reset()
-
-
-@pytest.mark.usefixtures("app_worker")
+@pytest.mark.static_worker(4)
 def test_id_function_reservation_respects_the_recorded_layout(
     postgres_db: ScratchDatabase, tmp_path: Path
 ) -> None:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,7 +18,6 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    create_engine,
     func,
     select,
 )
@@ -47,6 +46,7 @@ from snowflake_db.sqlalchemy import (
 from tests.plugins.databases import ScratchDatabase
 
 WORKER_ID = 21
+pytestmark = pytest.mark.static_worker(WORKER_ID)
 UTC = dt.UTC
 
 meta = MetaData()
@@ -95,26 +95,12 @@ class CountingGenerator(snowflake_db.SnowflakeGenerator):
         return super().next_ids(n)
 
 
-@pytest.fixture(autouse=True)
-def configured() -> Iterator[None]:
-    snowflake_db.configure(worker_id=WORKER_ID)
-    yield
-    snowflake_db.reset()
-
-
-def _engine(db: ScratchDatabase, **connect_args: Any) -> Iterator[Engine]:
-    engine = create_engine(db.url, connect_args=connect_args)
-    meta.create_all(engine)
-    Base.metadata.create_all(engine)
-    yield engine
-    engine.dispose()
-
-
 @pytest.fixture(params=["postgresql", "mariadb", "sqlite"])
-def engine(request: pytest.FixtureRequest, database_factory: Any) -> Iterator[Engine]:
-    db = database_factory(request.param)
+def engine(
+    request: pytest.FixtureRequest, database_factory: Callable[[str], ScratchDatabase]
+) -> Engine:
     extra = {"local_infile": True} if request.param == "mariadb" else {}
-    yield from _engine(db, **extra)
+    return database_factory(request.param).engine(meta, Base.metadata, **extra)
 
 
 def _count(connection: Connection, table: Table) -> int:
@@ -257,52 +243,52 @@ def test_orm_objects_get_their_keys_and_defaults(engine: Engine) -> None:
 
 
 def test_nul_in_postgresql_text_is_refused_by_name(postgres_db: ScratchDatabase) -> None:
-    for engine in _engine(postgres_db):
-        rows = _order_rows(30)
-        rows[17]["note"] = "a\x00b"
-        with engine.connect() as connection:
-            with pytest.raises(UnrepresentableValueError) as caught:
-                bulk_load(connection, orders, rows)
-            assert (caught.value.column, caught.value.row, caught.value.value) == (
-                "note", 17, "a\x00b",
-            )
-            assert "bulk_orders.note, row 17" in str(caught.value)
-            assert _count(connection, orders) == 0
+    engine = postgres_db.engine(meta, Base.metadata)
+    rows = _order_rows(30)
+    rows[17]["note"] = "a\x00b"
+    with engine.connect() as connection:
+        with pytest.raises(UnrepresentableValueError) as caught:
+            bulk_load(connection, orders, rows)
+        assert (caught.value.column, caught.value.row, caught.value.value) == (
+            "note", 17, "a\x00b",
+        )
+        assert "bulk_orders.note, row 17" in str(caught.value)
+        assert _count(connection, orders) == 0
 
 
 def test_naive_time_for_a_zoned_column_is_refused(postgres_db: ScratchDatabase) -> None:
     # (MariaDB's DATETIME has no zone: aware values are written in UTC, naive ones as given.)
-    for engine in _engine(postgres_db):
-        rows = _order_rows(5)
-        rows[2]["placed_at"] = dt.datetime(2026, 1, 1)
-        with engine.connect() as connection, pytest.raises(UnrepresentableValueError) as caught:
-            bulk_load(connection, orders, rows)
-        assert caught.value.column == "placed_at" and caught.value.row == 2
-        assert "naive" in str(caught.value)
+    engine = postgres_db.engine(meta, Base.metadata)
+    rows = _order_rows(5)
+    rows[2]["placed_at"] = dt.datetime(2026, 1, 1)
+    with engine.connect() as connection, pytest.raises(UnrepresentableValueError) as caught:
+        bulk_load(connection, orders, rows)
+    assert caught.value.column == "placed_at" and caught.value.row == 2
+    assert "naive" in str(caught.value)
 
 
 def test_mariadb_load_data_turns_duplicates_into_a_rejected_load(
     mariadb_db: ScratchDatabase,
 ) -> None:
-    for engine in _engine(mariadb_db, local_infile=True):
-        with engine.connect() as connection:
-            [existing] = bulk_load(connection, orders, _order_rows(1))
-            rows = _order_rows(100)
-            rows[40]["id"] = existing
-            with pytest.raises(BulkLoadRejectedError) as caught:
-                bulk_load(connection, orders, rows, mariadb_method="load_data")
-            assert any(code == 1062 for _, code, _ in caught.value.warnings)
-            assert "took 99 of 100 rows" in str(caught.value)
-            assert _count(connection, orders) == 1
+    engine = mariadb_db.engine(meta, Base.metadata, local_infile=True)
+    with engine.connect() as connection:
+        [existing] = bulk_load(connection, orders, _order_rows(1))
+        rows = _order_rows(100)
+        rows[40]["id"] = existing
+        with pytest.raises(BulkLoadRejectedError) as caught:
+            bulk_load(connection, orders, rows, mariadb_method="load_data")
+        assert any(code == 1062 for _, code, _ in caught.value.warnings)
+        assert "took 99 of 100 rows" in str(caught.value)
+        assert _count(connection, orders) == 1
 
 
 def test_mariadb_without_local_infile(mariadb_db: ScratchDatabase) -> None:
-    for engine in _engine(mariadb_db):  # the driver's default: no local files
-        with engine.connect() as connection:
-            with pytest.raises(LocalInfileRefusedError, match="local_infile=True"):
-                bulk_load(connection, orders, _order_rows(3), mariadb_method="load_data")
-            keys = bulk_load(connection, orders, _order_rows(3000))  # auto: multi-row INSERTs
-            assert _count(connection, orders) == len(set(keys)) == 3000
+    engine = mariadb_db.engine(meta, Base.metadata)  # the driver's default: no local files
+    with engine.connect() as connection:
+        with pytest.raises(LocalInfileRefusedError, match="local_infile=True"):
+            bulk_load(connection, orders, _order_rows(3), mariadb_method="load_data")
+        keys = bulk_load(connection, orders, _order_rows(3000))  # auto: multi-row INSERTs
+        assert _count(connection, orders) == len(set(keys)) == 3000
 
 
 def test_per_shard_loads_with_keys_that_carry_their_shard(database_factory: Any) -> None:
@@ -327,9 +313,7 @@ def test_per_shard_loads_with_keys_that_carry_their_shard(database_factory: Any)
         "items", sharded, snowflake_column("id", default=SnowflakeDefault(generator)),
         snowflake_fk_column("orders.id", "order_id"), Column("sku", String(20)),
     )
-    engines = {name: create_engine(database_factory("sqlite").url) for name in ("a", "b")}
-    for engine in engines.values():
-        sharded.create_all(engine)
+    engines = {name: database_factory("sqlite").engine(sharded) for name in ("a", "b")}
     by_target: dict[str, list[Any]] = {"a": [], "b": []}
     for customer in range(40):
         family = ({"customer_id": customer}, [{"sku": f"{customer}-{j}"} for j in range(2)])
@@ -341,33 +325,31 @@ def test_per_shard_loads_with_keys_that_carry_their_shard(database_factory: Any)
         assert [router.target_for_id(key) for key in keys] == [target] * len(families)
         with engines[target].connect() as connection:
             assert _count(connection, shard_items) == 2 * len(families)
-    for engine in engines.values():
-        engine.dispose()
 
 
 def test_rows_of_another_shape_are_named(sqlite_db: ScratchDatabase) -> None:
     from snowflake_db.errors import InvalidArgumentError
 
-    for engine in _engine(sqlite_db):
+    engine = sqlite_db.engine(meta, Base.metadata)
+    rows = _order_rows(5)
+    del rows[3]["note"]
+    with engine.connect() as connection:
+        with pytest.raises(InvalidArgumentError, match="row 3 of bulk_orders lacks 'note'"):
+            bulk_load(connection, orders, rows)
         rows = _order_rows(5)
-        del rows[3]["note"]
-        with engine.connect() as connection:
-            with pytest.raises(InvalidArgumentError, match="row 3 of bulk_orders lacks 'note'"):
-                bulk_load(connection, orders, rows)
-            rows = _order_rows(5)
-            rows[2]["colour"] = "red"
-            with pytest.raises(InvalidArgumentError, match=r"row 2 .* \['colour'\]"):
-                bulk_load(connection, orders, rows)
-            mixed = _order_rows(4)
-            mixed[1]["id"] = 77  # keys given for some rows only
-            kids = [[{"sku": "a", "quantity": 1, "order_id": None}], [{"sku": "b", "quantity": 2}]]
-            keys = bulk_load(connection, orders, mixed[:2])
-            assert keys[1] == 77 and keys[0] != 77
-            parents = bulk_load_with_children(connection, orders, items,
-                                              zip(mixed[2:], kids, strict=True),
-                                              parent_column="order_id")
-            got = dict(connection.execute(select(items.c.sku, items.c.order_id)).all())
-            assert got == {"a": parents[0], "b": parents[1]}
+        rows[2]["colour"] = "red"
+        with pytest.raises(InvalidArgumentError, match=r"row 2 .* \['colour'\]"):
+            bulk_load(connection, orders, rows)
+        mixed = _order_rows(4)
+        mixed[1]["id"] = 77  # keys given for some rows only
+        kids = [[{"sku": "a", "quantity": 1, "order_id": None}], [{"sku": "b", "quantity": 2}]]
+        keys = bulk_load(connection, orders, mixed[:2])
+        assert keys[1] == 77 and keys[0] != 77
+        parents = bulk_load_with_children(connection, orders, items,
+                                          zip(mixed[2:], kids, strict=True),
+                                          parent_column="order_id")
+        got = dict(connection.execute(select(items.c.sku, items.c.order_id)).all())
+        assert got == {"a": parents[0], "b": parents[1]}
 
 
 def test_chunked_rows_are_made_once_in_order_and_read_whole_on_demand() -> None:

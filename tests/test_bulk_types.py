@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,10 +32,11 @@ from sqlalchemy import (
 from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.engine import Engine
 
-import snowflake_db
 from snowflake_db.errors import UnrepresentableValueError
 from snowflake_db.sqlalchemy import bulk_load, snowflake_column
 from tests.plugins.databases import ScratchDatabase
+
+pytestmark = pytest.mark.static_worker(9)
 
 meta = MetaData()
 values = Table(
@@ -87,19 +87,6 @@ PROPERTY = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@pytest.fixture(autouse=True)
-def configured() -> Iterator[None]:
-    snowflake_db.configure(worker_id=9)
-    yield
-    snowflake_db.reset()
-
-
-def _engine(db: ScratchDatabase, **connect_args: Any) -> Engine:
-    engine = create_engine(db.url, connect_args=connect_args)
-    meta.create_all(engine)
-    return engine
-
-
 def _same(expected: dict[str, Any], got: Any, zoned: bool) -> None:
     assert got.s == expected["s"]
     ts = expected["ts"]
@@ -137,7 +124,7 @@ plain = Table(  # only types that snowflake_db.bulk.copy_text formats itself
 
 def test_postgresql_copy_text_path_round_trips(postgres_db: ScratchDatabase) -> None:
     """Columns of plain values skip psycopg's per-row adaptation: still exact."""
-    engine = _engine(postgres_db)
+    engine = postgres_db.engine(meta)
     no_nul = TEXT.filter(lambda s: "\x00" not in s)
     row = st.fixed_dictionaries({
         "s": st.none() | no_nul, "ts": st.none() | TIMES, "d": st.none() | DECIMALS,
@@ -166,7 +153,7 @@ def test_postgresql_copy_text_path_round_trips(postgres_db: ScratchDatabase) -> 
 
 
 def test_postgresql_copy_round_trips_every_value(postgres_db: ScratchDatabase) -> None:
-    engine = _engine(postgres_db)
+    engine = postgres_db.engine(meta)
 
     @PROPERTY
     @given(rows=_rows(TEXT.filter(lambda s: "\x00" not in s)))
@@ -181,7 +168,7 @@ def test_postgresql_copy_round_trips_every_value(postgres_db: ScratchDatabase) -
 
 @pytest.mark.parametrize("method", ["load_data", "insert"])
 def test_mariadb_round_trips_every_value(mariadb_db: ScratchDatabase, method: str) -> None:
-    engine = _engine(mariadb_db, local_infile=True)
+    engine = mariadb_db.engine(meta, local_infile=True)
 
     @PROPERTY
     @given(rows=_rows(st.one_of(TEXT, TEXT.map(lambda s: s + "\x00" + s))))
@@ -195,7 +182,7 @@ def test_mariadb_round_trips_every_value(mariadb_db: ScratchDatabase, method: st
 
 
 def test_postgresql_refuses_nul_in_text_and_json(postgres_db: ScratchDatabase) -> None:
-    engine = _engine(postgres_db)
+    engine = postgres_db.engine(meta)
     try:
         for column, bad in (("s", "tab\there\x00"), ("j", {"k": "v\x00"})):
             rows: list[dict[str, Any]] = [{"s": "ok", "j": []} for _ in range(5)]
@@ -213,7 +200,7 @@ def test_postgresql_refuses_nul_in_text_and_json(postgres_db: ScratchDatabase) -
 
 @pytest.mark.parametrize("method", ["load_data", "insert"])
 def test_mariadb_refuses_numbers_it_cannot_store(mariadb_db: ScratchDatabase, method: str) -> None:
-    engine = _engine(mariadb_db, local_infile=True)
+    engine = mariadb_db.engine(meta, local_infile=True)
     try:
         rows: list[dict[str, Any]] = [{"d": decimal.Decimal(1)} for _ in range(4)]
         rows[2]["d"] = decimal.Decimal("NaN")
@@ -229,7 +216,7 @@ def test_postgresql_text_path_formats_each_object_as_itself(postgres_db: Scratch
     """Datetimes shared by many rows are formatted once per object (copy_text), never merged
     by equality: equal instants with other offsets, or another fold, keep their own text and
     instant. 4,500 rows cross the 2,000-row blocks; ints with NULLs, NULL-only columns."""
-    engine = _engine(postgres_db)
+    engine = postgres_db.engine(meta)
     utc = dt.datetime(2026, 3, 29, 0, 30, tzinfo=dt.UTC)
     shifted = utc.astimezone(dt.timezone(dt.timedelta(hours=5, minutes=30)))  # == utc
     assert shifted == utc
@@ -295,7 +282,7 @@ LONE = "ok\ud800ko"
 
 @pytest.mark.parametrize("target", ["plain", "values"])  # COPY text path / write_row path
 def test_postgresql_names_a_lone_surrogate(postgres_db: ScratchDatabase, target: str) -> None:
-    engine = _engine(postgres_db)
+    engine = postgres_db.engine(meta)
     table = plain if target == "plain" else values
     try:
         rows: list[dict[str, Any]] = [{"s": f"row {i}\t\\"} for i in range(2500)]
@@ -320,7 +307,7 @@ def test_postgresql_names_a_lone_surrogate(postgres_db: ScratchDatabase, target:
 
 @pytest.mark.parametrize("method", ["load_data", "insert"])
 def test_mariadb_names_a_lone_surrogate(mariadb_db: ScratchDatabase, method: str) -> None:
-    engine = _engine(mariadb_db, local_infile=True)
+    engine = mariadb_db.engine(meta, local_infile=True)
     try:
         rows: list[dict[str, Any]] = [{"s": f"row {i}"} for i in range(5)]
         rows[3]["s"] = LONE

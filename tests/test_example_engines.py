@@ -26,7 +26,7 @@ import pytest
 from example_project import local_servers
 from snowflake_db.sharding import ShardRouter
 
-from .plugins.databases import in_ci
+from .plugins.databases import unavailable
 from .plugins.scheduler_delay import SchedulerDelay
 
 # Each run starts its own private servers; one xdist worker keeps them from competing.
@@ -36,24 +36,18 @@ REPO = Path(__file__).resolve().parents[1]
 ROUTER_ENGINE = {"postgresql-fdw": "postgresql-hash", "spider": "mariadb-key"}
 
 
-def _unavailable(reason: str) -> None:
-    if in_ci():
-        pytest.fail(f"{reason} (CI=true: the engine demo must run)", pytrace=False)
-    pytest.skip(reason)
-
-
 def _require(engine: str) -> None:
     if engine == "postgresql-fdw":
-        problem = local_servers.postgres_unavailable()
+        problem = local_servers.postgresunavailable()
         if problem:
-            _unavailable(problem)
+            unavailable(problem)
         return
     if not shutil.which("mariadbd") or not shutil.which("mariadb-install-db"):
-        _unavailable("mariadbd and mariadb-install-db are needed for the Spider demo")
+        unavailable("mariadbd and mariadb-install-db are needed for the Spider demo")
     try:
         local_servers.find_spider_plugin()
     except local_servers.ServerUnavailableError as error:
-        _unavailable(str(error))
+        unavailable(str(error))
 
 
 def run_demo(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:

@@ -131,7 +131,9 @@ def test_a_child_that_cannot_be_repaired_starts_no_thread_and_its_callers_renew(
                 except SnowflakeError as error:
                     errors[type(error).__name__] += 1
                 time.sleep(0.05)
-            time.sleep(RENEWING_LEASE_S + 1)  # idle past the lease: the next call renews
+            # Idle past the lease: the next call renews. Real time is the subject (the local
+            # deadline passing), so it is waited out, not set in the table.
+            time.sleep(RENEWING_LEASE_S + 1)
             try:
                 ids.append(snowflake_db.snowflake_default())
             except SnowflakeError as error:

@@ -27,7 +27,7 @@ from .outage_support import LEASE_SECONDS as OUTAGE_LEASE_SECONDS
 from .outage_support import STEADY_LEASE_SECONDS, Outage, recording
 from .plugins.databases import ScratchDatabase
 from .plugins.scheduler_delay import SchedulerDelay
-from .worker_support import LEASE_SECONDS, allocator, wait_for
+from .worker_support import LEASE_SECONDS, allocator, expire_lease, wait_for
 
 #: 16 worker slots: small enough to read every count.
 LAYOUT = Layout(worker_bits=4)
@@ -39,10 +39,11 @@ def _populate(database: ScratchDatabase) -> tuple[SnowflakeGenerator, Callable[[
     generator = SnowflakeGenerator(allocator=alloc, layout=LAYOUT)
     generator.ensure_worker()
     crashed = allocator(database)
-    crashed.acquire(layout=LAYOUT, clock=MonotonicClock()).abandon()
+    lost = crashed.acquire(layout=LAYOUT, clock=MonotonicClock())
+    lost.abandon()
     crashed.close()
     alloc.reserve_worker_id("orders id function", layout=LAYOUT)
-    time.sleep(LEASE_SECONDS + 0.5)  # the crashed holder's lease expires
+    expire_lease(database.url, lost.worker_id)  # the crashed holder's lease is over
 
     def close() -> None:
         generator.close()

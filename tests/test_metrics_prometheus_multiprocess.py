@@ -45,6 +45,9 @@ SCENARIO = textwrap.dedent(
             snowflake_db.snowflake_default()
         return count
 
+    # Parent, forked child, four multiprocessing and four billiard pool children, running child.
+    EVERY_ID = 1000 + 2000 + 4 * 3000 + 4 * 700 + 500
+
     snowflake_db.configure(allocator=TableWorkerAllocator(sys.argv[1], lease_seconds=30))
     publisher = publish_multiprocess(interval_seconds=0.1)
     assert publish_multiprocess(interval_seconds=0.1) is publisher
@@ -85,9 +88,14 @@ SCENARIO = textwrap.dedent(
         os.read(done_read, 1)
         raise SystemExit(0)
     os.read(ready_read, 1)
-    time.sleep(0.5)
+    # Its own thread copies its figures every 0.1 s: scrape until they are there (30 s at most;
+    # a child whose thread never copies them leaves the count short, and the test fails).
+    deadline = time.monotonic() + 30
     publisher.publish()
-    while_running = scrape()
+    while (while_running := scrape()).get("snowflake_db_ids_issued_total") != EVERY_ID:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     os.write(done_write, b"x")
     os.waitpid(pid, 0)
     print(json.dumps({"while_running": while_running, "second_call": second_call,

@@ -27,7 +27,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from snowflake_db import Layout, MonotonicClock
 from snowflake_db.process import WORKER_ID_ENV, WORKER_URL_ENV
 
 from .plugins.databases import ScratchDatabase
-from .worker_support import LEASE_SECONDS, allocator
+from .worker_support import allocator, expire_lease
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -204,9 +203,10 @@ def control_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with allocator(database) as alloc:
             layout = Layout()
             alloc.acquire(layout=layout, clock=MonotonicClock())
-            alloc.acquire(layout=layout, clock=MonotonicClock()).abandon()  # a crashed holder
+            crashed = alloc.acquire(layout=layout, clock=MonotonicClock())
+            crashed.abandon()  # a crashed holder
             alloc.reserve_worker_id("orders id function", layout=layout)
-            time.sleep(LEASE_SECONDS + 0.5)  # the abandoned lease expires
+            expire_lease(database.url, crashed.worker_id)  # its lease is over
             yield database.url.render_as_string(hide_password=False)
     finally:
         drop_database(database)

@@ -37,7 +37,7 @@ from snowflake_db.sharding.engines import BIGINT_MAX
 from snowflake_db.sqlalchemy import SnowflakeDefault, bulk_load_with_children, snowflake_column
 
 from .alembic_support import make_project, write_revision
-from .plugins.databases import ScratchDatabase, in_ci
+from .plugins.databases import ScratchDatabase, unavailable
 
 # The servers are slow to start: one set for the module, in one xdist process. (With pytest 9.2
 # and pytest-xdist 3.8 the group is ignored, pytest-dev/pytest-xdist#1386: then each worker that
@@ -51,19 +51,13 @@ SECRET_ENV = "SFDB_TEST_SHARD_PASSWORD"
 SPIDER_USER = "shop"
 
 
-def _unavailable(reason: str) -> None:
-    if in_ci():
-        pytest.fail(f"{reason} (CI=true: the engine DDL tests must run)", pytrace=False)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[list[local_servers.ThrowawayPostgres]]:
     """The coordinator (index 0) and three shard clusters."""
     try:
         clusters = local_servers.postgres_clusters(1 + SHARDS, names=["coord", "s0", "s1", "s2"])
     except local_servers.ServerUnavailableError as error:
-        _unavailable(str(error))
+        unavailable(str(error))
     try:
         ports = {cluster.port for cluster in clusters}
         assert len(ports) == 1 + SHARDS and not ports & {5432, 3306}  # never the shared servers
@@ -78,7 +72,7 @@ def spider() -> Iterator[local_servers.ThrowawayMariaDB]:
     try:
         server = local_servers.spider_server()
     except local_servers.ServerUnavailableError as error:
-        _unavailable(str(error))
+        unavailable(str(error))
     try:
         assert server.port != 3306  # never the shared server
         with server.connect().cursor() as cursor:

@@ -19,17 +19,11 @@ import pytest
 from example_project import local_servers
 from snowflake_db.sharding import ShardRouter, mariadb_key_partition
 from tests.engine_values import VALUES
-from tests.plugins.databases import in_ci, server_url
+from tests.plugins.databases import server_url, unavailable
 
 # One throwaway server for the module: under pytest -n its tests stay in one process, one after
 # another (spread over processes, each started its own mariadbd at once and they failed to start).
 pytestmark = pytest.mark.xdist_group("spider")
-
-
-def _unavailable(reason: str) -> None:
-    if in_ci():
-        pytest.fail(f"{reason} (CI=true: the Spider tests must run)", pytrace=False)
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +40,7 @@ def shared_temporary_table() -> Iterator[pymysql.connections.Connection]:
             password=url.password or "", autocommit=True, connect_timeout=3,
         )
     except pymysql.MySQLError as error:
-        _unavailable(f"the shared MariaDB server {url.host}:{url.port} is unreachable: {error}")
+        unavailable(f"the shared MariaDB server {url.host}:{url.port} is unreachable: {error}")
     with connection.cursor() as cursor:
         cursor.execute("CREATE TEMPORARY TABLE test.sfdb_spider_witness (x INT) ENGINE=Aria")
         cursor.execute("INSERT INTO test.sfdb_spider_witness VALUES (1)")
@@ -61,7 +55,7 @@ def spider_server(
     try:
         server = local_servers.spider_server()
     except local_servers.ServerUnavailableError as error:
-        _unavailable(str(error))
+        unavailable(str(error))
     try:
         connection = server.connect()
         yield connection

@@ -3,35 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import func, insert, select
 
 import snowflake_db
 from snowflake_db.sqlalchemy import bind_generator, unbind_generator
-from tests.plugins.databases import ScratchDatabase, in_ci
+from tests.plugins.databases import ScratchDatabase, unavailable
 from tests.sqlalchemy_support import Base, Item, Order, events
 
 try:
     import greenlet  # noqa: F401  (SQLAlchemy's asyncio extension runs on it)
 except ImportError:  # pragma: no cover - depends on the environment
-    _reason = "SQLAlchemy's asyncio extension needs greenlet: pip install 'SQLAlchemy[asyncio]'"
-    if in_ci():
-        pytest.fail(f"{_reason} (CI=true: a missing dependency is a failure)", pytrace=False)
-    pytest.skip(_reason, allow_module_level=True)
+    unavailable(
+        "SQLAlchemy's asyncio extension needs greenlet: pip install 'SQLAlchemy[asyncio]'",
+        allow_module_level=True,
+    )
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
 WORKER_ID = 91
+pytestmark = pytest.mark.static_worker(WORKER_ID)
 LAYOUT = snowflake_db.Layout()
-
-
-@pytest.fixture(autouse=True)
-def configured() -> Iterator[None]:
-    snowflake_db.configure(worker_id=WORKER_ID)
-    yield
-    snowflake_db.reset()
 
 
 def test_async_session_and_core_on_postgresql(postgres_db: ScratchDatabase) -> None:

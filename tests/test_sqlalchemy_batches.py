@@ -14,7 +14,6 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
-    create_engine,
     insert,
     select,
 )
@@ -34,6 +33,7 @@ from snowflake_db.sqlalchemy import (
 from tests.plugins.databases import ScratchDatabase
 
 WORKER_ID = 41
+pytestmark = pytest.mark.static_worker(WORKER_ID)
 LAYOUT = snowflake_db.Layout()
 SHARDED = snowflake_db.Layout(sequence_bits=8, shard_bits=4)
 
@@ -76,20 +76,9 @@ class Ticket(Base):
     code: Mapped[str] = mapped_column(String(20), unique=True)
 
 
-@pytest.fixture(autouse=True)
-def configured() -> Iterator[None]:
-    snowflake_db.configure(worker_id=WORKER_ID)
-    yield
-    snowflake_db.reset()
-
-
 @pytest.fixture
-def engine(any_db: ScratchDatabase) -> Iterator[Engine]:
-    engine = create_engine(any_db.url)
-    core.create_all(engine)
-    Base.metadata.create_all(engine)
-    yield engine
-    engine.dispose()
+def engine(any_db: ScratchDatabase) -> Engine:
+    return any_db.engine(core, Base.metadata)
 
 
 class CountingSource:

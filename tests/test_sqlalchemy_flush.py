@@ -8,7 +8,7 @@ from itertools import pairwise
 from typing import Any
 
 import pytest
-from sqlalchemy import BigInteger, ForeignKey, Integer, String, create_engine, event, select
+from sqlalchemy import BigInteger, ForeignKey, Integer, String, event, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -24,6 +24,7 @@ from snowflake_db.sqlalchemy import (
 from tests.plugins.databases import ScratchDatabase
 
 WORKER_ID = 43
+pytestmark = pytest.mark.static_worker(WORKER_ID)
 LAYOUT = snowflake_db.Layout()
 SHARDED = snowflake_db.Layout(sequence_bits=8, shard_bits=4)
 
@@ -68,19 +69,9 @@ class Car(Vehicle):
     __mapper_args__ = {"polymorphic_identity": "car"}
 
 
-@pytest.fixture(autouse=True)
-def configured() -> Iterator[None]:
-    snowflake_db.configure(worker_id=WORKER_ID)
-    yield
-    snowflake_db.reset()
-
-
 @pytest.fixture
-def engine(any_db: ScratchDatabase) -> Iterator[Engine]:
-    engine = create_engine(any_db.url)
-    Base.metadata.create_all(engine)
-    yield engine
-    engine.dispose()
+def engine(any_db: ScratchDatabase) -> Engine:
+    return any_db.engine(Base.metadata)
 
 
 @pytest.fixture

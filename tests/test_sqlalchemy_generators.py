@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, insert, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-import snowflake_db
 from snowflake_db import InvalidArgumentError, Layout, SnowflakeGenerator
 from snowflake_db.sqlalchemy import (
     SnowflakeDefault,
@@ -24,14 +22,9 @@ from snowflake_db.sqlalchemy import (
 )
 from tests.plugins.databases import ScratchDatabase
 
+pytestmark = pytest.mark.static_worker(3)
+
 SHARDED = Layout(time_bits=41, worker_bits=8, sequence_bits=10, shard_bits=4)
-
-
-@pytest.fixture(autouse=True)
-def configured() -> Iterator[None]:
-    snowflake_db.configure(worker_id=3)
-    yield
-    snowflake_db.reset()
 
 
 def _shard_of_customer(row: Any) -> int:

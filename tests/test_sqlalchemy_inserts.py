@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from sqlalchemy import (
     BigInteger,
-    create_engine,
     func,
     insert,
     inspect,
     select,
     text,
 )
-from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 import snowflake_db
@@ -22,23 +18,8 @@ from tests.plugins.databases import ScratchDatabase
 from tests.sqlalchemy_support import Base, Item, Order, core, event_refs, events, plain
 
 WORKER_ID = 37
+pytestmark = pytest.mark.static_worker(WORKER_ID)
 LAYOUT = snowflake_db.Layout()
-
-
-@pytest.fixture(autouse=True)
-def configured() -> Iterator[None]:
-    snowflake_db.configure(worker_id=WORKER_ID)
-    yield
-    snowflake_db.reset()
-
-
-
-
-def _engine(db: ScratchDatabase) -> Engine:
-    engine = create_engine(db.url)
-    Base.metadata.create_all(engine)
-    core.create_all(engine)
-    return engine
 
 
 def _check_ids(ids: list[int], expected: int) -> None:
@@ -48,7 +29,7 @@ def _check_ids(ids: list[int], expected: int) -> None:
 
 
 def test_every_insert_path_issues_one_id_per_row(any_db: ScratchDatabase) -> None:
-    engine = _engine(any_db)
+    engine = any_db.engine(Base.metadata, core)
     try:
         with Session(engine) as session:
             # ORM unit of work: ids at flush
@@ -95,7 +76,7 @@ def test_every_insert_path_issues_one_id_per_row(any_db: ScratchDatabase) -> Non
 
 
 def test_ddl_is_plain_bigint_without_autoincrement(any_db: ScratchDatabase) -> None:
-    engine = _engine(any_db)
+    engine = any_db.engine(Base.metadata, core)
     try:
         inspector = inspect(engine)
         for table in ("orders", "order_items", "events"):
@@ -125,7 +106,7 @@ def test_ddl_is_plain_bigint_without_autoincrement(any_db: ScratchDatabase) -> N
 
 
 def test_ten_thousand_rows_get_distinct_ids_of_the_worker(any_db: ScratchDatabase) -> None:
-    engine = _engine(any_db)
+    engine = any_db.engine(Base.metadata, core)
     try:
         with engine.begin() as conn:
             conn.execute(events.insert(), [{"n": i} for i in range(10_000)])
@@ -140,7 +121,7 @@ def test_ten_thousand_rows_get_distinct_ids_of_the_worker(any_db: ScratchDatabas
 
 
 def test_largest_id_round_trips_through_bigint(any_db: ScratchDatabase) -> None:
-    engine = _engine(any_db)
+    engine = any_db.engine(Base.metadata, core)
     largest = LAYOUT.max_id
     assert largest == 2**63 - 1
     try:

@@ -4,7 +4,7 @@ SQLite, and none once the keys are converted."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from alembic.migration import MigrationContext
@@ -25,6 +25,8 @@ from snowflake_db.sqlalchemy import (
 
 from .plugins.databases import ScratchDatabase
 
+pytestmark = pytest.mark.static_worker(5)
+
 KEY = {
     "postgresql": "SERIAL PRIMARY KEY",
     "mariadb": "INT AUTO_INCREMENT PRIMARY KEY",
@@ -32,13 +34,6 @@ KEY = {
 }
 #: A column type that cannot hold every 64-bit integer exactly, per backend.
 LOSSY = {"postgresql": "DECIMAL(10, 0)", "mariadb": "DECIMAL(10, 0)", "sqlite": "REAL"}
-
-
-@pytest.fixture(autouse=True)
-def configured() -> Iterator[None]:
-    snowflake_db.configure(worker_id=5)
-    yield
-    snowflake_db.reset()
 
 
 def _models() -> MetaData:

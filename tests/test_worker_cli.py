@@ -7,7 +7,6 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from snowflake_db import Layout, MonotonicClock
 from snowflake_db.cli import main
 
 from .plugins.databases import ScratchDatabase
-from .worker_support import LEASE_SECONDS, allocator, read_slots
+from .worker_support import allocator, expire_lease, read_slots
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +28,7 @@ def test_list_and_reap(any_db: ScratchDatabase, capsys: pytest.CaptureFixture[st
         dead = alloc.acquire(layout=layout, clock=MonotonicClock())
         dead.abandon()  # no more renewals: it expires like a crashed holder's
         reserved = alloc.reserve_worker_id("pg function", layout=layout)
-        time.sleep(LEASE_SECONDS + 0.5)
+        expire_lease(any_db.url, dead.worker_id)
         url = any_db.url_string
 
         mark_before = live.high_water_ms  # the heartbeat may raise it while we list

@@ -22,7 +22,12 @@ from snowflake_db.worker import worker_tables
 from snowflake_db.worker.schema import DEFAULT_SLOTS_TABLE
 
 from .plugins.databases import ScratchDatabase
-from .worker_support import LEASE_SECONDS, allocator, database_now_ms, read_slots
+from .worker_support import (
+    allocator,
+    database_now_ms,
+    expire_lease,
+    read_slots,
+)
 
 SCRIPT = str(Path(sys.executable).parent / "snowflake-db")
 OTHER = ["--worker-bits", "9", "--sequence-bits", "13"]
@@ -153,7 +158,7 @@ def test_doctor_reports_layout_skew_and_slots(any_db: ScratchDatabase) -> None:
                 .where(slots.c.worker_id == parked.worker_id)
                 .values(high_water_ms=database_now_ms(any_db.url) + 60_000)
             )
-        time.sleep(LEASE_SECONDS + 0.5)
+        expire_lease(any_db.url, dead.worker_id)
 
         status, report = _doctor("--url", url)
         assert status == 0, report["problems"]

@@ -95,10 +95,12 @@ def test_64_processes_acquiring_at_once_get_distinct_committed_slots(
 
 
 def _issue_forever(
-    url: str, lease_seconds: float, ready: Any, log: Any, stop: Any, *, freeze: Any = None
+    url: str, lease_seconds: float, ready: Any, log: Any, stop: Any, *, freeze: Any = None,
+    issuing: Any = None,
 ) -> None:
     """Hold the single slot and issue IDs until told to stop; report every ID and error.
-    ``freeze``: see :func:`_freeze_in_the_next_renewal`."""
+    ``freeze``: see :func:`_freeze_in_the_next_renewal`; ``issuing``: an event set once the
+    loop below has issued its first ID."""
     alloc = TableWorkerAllocator(url, lease_seconds=lease_seconds)
     if freeze is not None:
         _freeze_in_the_next_renewal(alloc._engine, freeze)
@@ -112,7 +114,9 @@ def _issue_forever(
             ids.append((gen.next_id(), time.time_ns()))
         except SnowflakeError as error:
             errors.append((type(error).__name__, time.time_ns()))
-        time.sleep(0.001)
+        if issuing is not None and ids:
+            issuing.set()
+        time.sleep(0.001)  # a steady stream of IDs, not a wait for anything
     log.put({"ids": [(first, 0), *ids], "errors": errors})
 
 
@@ -206,13 +210,14 @@ def _sigstop_between_writes(pid: int, db: ScratchDatabase) -> int:
 @pytest.mark.timing(seconds=5)  # see tests/conftest.py
 def test_sigstopped_holder_stops_issuing_and_ids_stay_disjoint(any_db: ScratchDatabase) -> None:
     lease_seconds = 1.5
-    ready, log, stop = FORK.Queue(), FORK.Queue(), FORK.Event()
+    ready, log, stop, issuing = FORK.Queue(), FORK.Queue(), FORK.Event(), FORK.Event()
     child = FORK.Process(
-        target=_issue_forever, args=(any_db.url_string, lease_seconds, ready, log, stop)
+        target=_issue_forever, args=(any_db.url_string, lease_seconds, ready, log, stop),
+        kwargs={"issuing": issuing},
     )
     child.start()
     ready.get(timeout=60)
-    time.sleep(0.3)
+    assert issuing.wait(60), "the holder never issued in its loop"  # stopped mid-stream
     assert child.pid is not None
     stopped_ms = _sigstop_between_writes(child.pid, any_db)
     _next_holder_takes_over(any_db, child, lease_seconds, stopped_ms, log=log, stop=stop)
@@ -230,6 +235,8 @@ def _next_holder_takes_over(
     stopped one runs again: it issues nothing new, and the two holders' IDs are disjoint."""
     try:
         deadline = time.monotonic() + 30
+        # Waited out, not set in the table: real time is the subject (the stopped holder's
+        # local deadline must pass before the database lets the next holder in).
         while read_slots(db.url)[0].state == "live":  # wait for the database to expire it
             assert time.monotonic() < deadline
             time.sleep(0.1)

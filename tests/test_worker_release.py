@@ -130,6 +130,8 @@ def test_an_unreleased_slot_is_parked_for_the_longer_of_lease_and_reserve(
         crashed.acquire(layout=SINGLE_SLOT, clock=clock).abandon()  # a SIGKILLed holder
     mark = read_slots(any_db.url)[0].high_water_ms
     with allocator(any_db, lease_seconds=1.0, max_floor_wait_ms=500) as next_holder:
+        # Real time is the subject (the README's parking arithmetic against the clock), so the
+        # lease and the mark are waited out, not set in the table.
         time.sleep(max(0.0, (mark - 6400 - clock()) / 1000))  # 1.6 s after the last renewal
         assert wait_for(lambda: read_slots(any_db.url)[0].state == "expired", 5)
         try:  # the lease alone is over...

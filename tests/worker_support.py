@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import case, column, create_engine, select, table, text, update
 from sqlalchemy.engine import URL
 
 from snowflake_db import MonotonicClock
@@ -39,6 +39,35 @@ def database_now_ms(url: URL | str) -> int:
     try:
         with engine.connect() as connection:
             return int(connection.execute(select(db_now_ms())).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def expire_lease(
+    url: URL | str, worker_id: int, *, slots_table: str = "snowflake_worker_slots"
+) -> None:
+    """Put a lease where waiting it out would: its expiry and its high-water mark 1 ms before the
+    database's now (a mark already below stays), as if its holder had stopped a lease length and
+    a reserve ago. Exact and instant, where sleeping is neither; for a holder that no longer
+    renews (``abandon()``, a killed process). A test whose subject is the lapse in real time
+    waits it out instead."""
+    slots = table(slots_table, column("worker_id"), column("expires_at_ms"),
+                  column("high_water_ms"))
+    past = db_now_ms() - 1
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            ended = connection.execute(
+                update(slots)
+                .where(slots.c.worker_id == worker_id, slots.c.expires_at_ms.is_not(None))
+                .values(
+                    expires_at_ms=past,
+                    high_water_ms=case(
+                        (slots.c.high_water_ms > past, past), else_=slots.c.high_water_ms
+                    ),
+                )
+            )
+            assert ended.rowcount == 1, f"worker {worker_id} holds no expiring lease"
     finally:
         engine.dispose()
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import django
@@ -31,9 +32,10 @@ django.setup()
 
 from django.conf import settings  # noqa: E402
 
-import snowflake_db  # noqa: E402
 from tests.django_project.routers import use_alias  # noqa: E402
-from tests.plugins.databases import in_ci  # noqa: E402
+from tests.plugins.databases import unavailable  # noqa: E402
+
+HERE = Path(__file__).parent
 
 #: test id -> database alias
 BACKEND_ALIASES = {"sqlite": "default", "postgresql": "postgresql", "mariadb": "mariadb"}
@@ -62,10 +64,7 @@ def backends(*names: str, transaction: bool = False) -> pytest.MarkDecorator:
 def _require(alias: str) -> None:
     if alias in settings.DATABASES:
         return
-    reason = settings.UNAVAILABLE.get(alias, f"no database alias {alias!r}")
-    if in_ci():
-        pytest.fail(f"{reason} (CI=true: a missing database server is a failure)", pytrace=False)
-    pytest.skip(reason)
+    unavailable(settings.UNAVAILABLE.get(alias, f"no database alias {alias!r}"))
 
 
 @pytest.fixture(params=_params(transaction=False))
@@ -84,9 +83,9 @@ def tx_backend(request: pytest.FixtureRequest) -> Iterator[str]:
         yield request.param
 
 
-@pytest.fixture(autouse=True)
-def static_worker() -> Iterator[snowflake_db.SnowflakeGenerator]:
-    """Every Django test starts with worker 1 configured and leaves nothing configured."""
-    generator = snowflake_db.configure(worker_id=1)
-    yield generator
-    snowflake_db.reset()
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every Django test starts with worker 1 configured and leaves nothing configured (the
+    ``static_worker`` fixture of tests/plugins/process_default.py)."""
+    for item in items:
+        if item.path.is_relative_to(HERE):
+            item.add_marker(pytest.mark.static_worker(1))

@@ -20,6 +20,7 @@ from snowflake_db.django.fields import EagerSnowflakeAutoField
 from tests.django.conftest import backends
 from tests.django_project.routers import use_alias
 from tests.django_project.shop.models import Customer, Invoice, Item, Order, Tag
+from tests.plugins.databases import unavailable
 
 LAYOUT = snowflake_db.Layout()
 
@@ -174,7 +175,7 @@ def _available(*aliases: str) -> list[str]:
 def test_multiple_databases_with_using() -> None:
     aliases = _available("default", "postgresql", "mariadb")
     if len(aliases) < 2:
-        pytest.skip("needs a second database server")
+        unavailable("needs a second database server")
     pks = {}
     for alias in aliases:
         customer = Customer(name=alias)

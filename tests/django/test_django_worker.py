@@ -10,8 +10,9 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from django.core.management import call_command
@@ -170,21 +171,41 @@ def _ids(messages: list[object]) -> list[str]:
 
 
 def test_check_static_worker_with_prefork_hints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each sign of a prefork server alone turns a static worker ID into one W001 naming that
+    sign; with none (every source controlled here, whatever this run imported) none."""
     static = {"WORKER_SOURCE": "static", "WORKER_ID": 3}
-    monkeypatch.delenv("GUNICORN_CMD_ARGS", raising=False)
-    monkeypatch.delenv("SERVER_SOFTWARE", raising=False)
-    monkeypatch.setattr(checks, "prefork_hints", checks.prefork_hints)
-    with override_settings(SNOWFLAKE_DB=static):
-        baseline = checks.check_settings()
-    with override_settings(SNOWFLAKE_DB=static, CELERY_BROKER_URL="redis://localhost"):
-        messages = checks.check_settings()
-    assert "snowflake_db.W001" in _ids(messages)
-    assert "Celery" in next(m.msg for m in messages if m.id == "snowflake_db.W001")
-    monkeypatch.setenv("GUNICORN_CMD_ARGS", "--preload --workers 4")
-    with override_settings(SNOWFLAKE_DB=static):
-        assert "snowflake_db.W001" in _ids(checks.check_settings())
-    if "celery" not in sys.modules and "uwsgi" not in sys.modules:
-        assert baseline == []
+    for variable in ("GUNICORN_CMD_ARGS", "SERVER_SOFTWARE"):
+        monkeypatch.delenv(variable, raising=False)
+    for module in ("celery", "uwsgi"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.setattr(sys, "argv", ["manage.py", "check"])
+
+    def w001(**extra_settings: object) -> list[str]:
+        with override_settings(SNOWFLAKE_DB=static, **extra_settings):
+            return [m.msg for m in checks.check_settings() if m.id == "snowflake_db.W001"]
+
+    assert w001() == []
+    [message] = w001(CELERY_BROKER_URL="redis://localhost")
+    assert "CELERY_* settings" in message and "WORKER_ID=3" in message
+    signs: list[tuple[str, str, Callable[[pytest.MonkeyPatch], None]]] = [
+        ("GUNICORN_CMD_ARGS", "gunicorn (its workers",
+         lambda m: m.setenv("GUNICORN_CMD_ARGS", "--preload --workers 4")),
+        ("argv", "gunicorn (its workers",
+         lambda m: m.setattr(sys, "argv", ["/venv/bin/gunicorn", "shop.wsgi"])),
+        ("SERVER_SOFTWARE", "SERVER_SOFTWARE=gunicorn",
+         lambda m: m.setenv("SERVER_SOFTWARE", "gunicorn/23.0.0")),
+        ("uwsgi", "uWSGI", lambda m: m.setitem(sys.modules, "uwsgi", ModuleType("uwsgi"))),
+        ("celery", "the celery package is imported",
+         lambda m: m.setitem(sys.modules, "celery", ModuleType("celery"))),
+    ]
+    for name, fragment, show in signs:
+        with monkeypatch.context() as patch:
+            show(patch)
+            found = w001()
+            assert len(found) == 1 and fragment in found[0], (name, found)
+            with override_settings(SNOWFLAKE_DB={"WORKER_SOURCE": "table"}):
+                assert "snowflake_db.W001" not in _ids(checks.check_settings()), name
+    assert w001() == []
 
 
 def test_check_env_source_without_variables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -300,7 +321,8 @@ def test_table_allocator_leases_and_heartbeats(
         assert slot.pid == os.getpid() and slot.lease_token and slot.expires_at_ms
         assert WorkerRegistration.objects.filter(pid=os.getpid()).exists()
         renewed = slot.renewed_at_ms or slot.acquired_at_ms or 0
-        time.sleep(lease + 0.1)  # longer than the lease: only the heartbeat keeps it alive
+        # Longer than the lease, in real time (the subject): only the heartbeat keeps it alive.
+        time.sleep(lease + 0.1)
         second = Customer.objects.create(name="bob").pk
         assert second > first and LAYOUT.decode(second).worker_id == worker_id
         slot.refresh_from_db()

@@ -14,12 +14,13 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NoReturn
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy import MetaData, create_engine, event, text
+from sqlalchemy.engine import URL, Engine, make_url
 
 POSTGRES_URL_ENV = "SNOWFLAKE_TEST_POSTGRES_URL"
 MARIADB_URL_ENV = "SNOWFLAKE_TEST_MARIADB_URL"
@@ -41,10 +42,13 @@ def server_url(backend: str) -> URL:
     raise ValueError(f"no server for backend {backend!r}")
 
 
-def _unavailable(reason: str) -> None:
+def unavailable(reason: str, *, allow_module_level: bool = False) -> NoReturn:
+    """Skip the test for a missing server, binary or dependency, saying why; under ``CI=true``
+    fail it instead, so that CI never passes by skipping. The one place tests decide this."""
     if in_ci():
-        pytest.fail(f"{reason} (CI=true: a missing database server is a failure)", pytrace=False)
-    pytest.skip(reason)
+        pytest.fail(f"{reason} (CI=true: a missing server or dependency is a failure)",
+                    pytrace=False)
+    pytest.skip(reason, allow_module_level=allow_module_level)
 
 
 #: How long the once-per-process probe waits for a server to accept a connection. A server that
@@ -72,7 +76,7 @@ def _check_server(backend: str) -> None:
             _reachable[backend] = f"{type(error).__name__}: {error}".splitlines()[0]
     problem = _reachable[backend]
     if problem is not None:
-        _unavailable(
+        unavailable(
             f"{backend} server at {server_url(backend).render_as_string(hide_password=True)} "
             f"is not reachable ({problem}); set "
             f"{POSTGRES_URL_ENV if backend == 'postgresql' else MARIADB_URL_ENV}"
@@ -84,10 +88,29 @@ class ScratchDatabase:
     backend: str
     url: URL
     name: str
+    engines: list[Engine] = field(default_factory=list, repr=False)
 
     @property
     def url_string(self) -> str:
         return self.url.render_as_string(hide_password=False)
+
+    def engine(
+        self, *metadata: MetaData, sqlite_foreign_keys: bool = False, **connect_args: Any
+    ) -> Engine:
+        """An engine on this database with ``metadata``'s tables created. It is disposed when
+        the database is dropped, so no test leaves connections open on a database being dropped.
+        ``sqlite_foreign_keys``: SQLite enforces foreign keys only when each connection asks."""
+        engine = create_engine(self.url, connect_args=connect_args)
+        if sqlite_foreign_keys and self.backend == "sqlite":
+            event.listen(engine, "connect", _sqlite_foreign_keys_on)
+        self.engines.append(engine)
+        for tables in metadata:
+            tables.create_all(engine)
+        return engine
+
+
+def _sqlite_foreign_keys_on(dbapi_connection: Any, _record: object) -> None:
+    dbapi_connection.execute("PRAGMA foreign_keys=ON")
 
 
 def create_database(backend: str, tmp_dir: Path) -> ScratchDatabase:
@@ -110,6 +133,8 @@ def create_database(backend: str, tmp_dir: Path) -> ScratchDatabase:
 
 
 def drop_database(database: ScratchDatabase) -> None:
+    for engine in database.engines:
+        engine.dispose()
     if database.backend == "sqlite":
         path = Path(database.url.database or "")
         for suffix in ("", "-wal", "-shm", "-journal"):
