@@ -27,7 +27,7 @@ from example_project import local_servers
 from snowflake_db.sharding import ShardRouter
 
 from .plugins.databases import unavailable
-from .plugins.scheduler_delay import SchedulerDelay
+from .plugins.scheduler_delay import SchedulerDelay, run_patiently
 
 # Each run starts its own private servers; one xdist worker keeps them from competing.
 pytestmark = pytest.mark.xdist_group("example_engines")
@@ -54,9 +54,8 @@ def run_demo(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[st
     env = {key: value for key, value in os.environ.items()
            if not key.startswith("SHOP_") and key != "DJANGO_SETTINGS_MODULE"}
     env["PYTHONPATH"] = str(REPO)
-    return subprocess.run([sys.executable, "-m", "example_project.sqlalchemy_shop", *args],
-                          check=False, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_patiently([sys.executable, "-m", "example_project.sqlalchemy_shop", *args],
+                         timeout, cwd=REPO, env=env)
 
 
 def _gone(pid: int) -> bool:

@@ -21,6 +21,7 @@ from example_project.common import SHOP_LAYOUT
 from snowflake_db import Layout, SnowflakeGenerator
 from snowflake_db.sharding import ShardRouter
 from tests.plugins.databases import ScratchDatabase
+from tests.plugins.scheduler_delay import run_patiently
 
 REPO = Path(__file__).resolve().parent.parent
 ENTRY_POINTS = ["example_project", "example_project.sqlalchemy_shop"]
@@ -30,8 +31,7 @@ def run_demo(module: str, *args: str, timeout: float = 240) -> subprocess.Comple
     env = {key: value for key, value in os.environ.items()
            if key not in ("SHOP_CONTROL_URL", "SHOP_SHARD_URLS", "DJANGO_SETTINGS_MODULE")}
     env["PYTHONPATH"] = str(REPO)
-    return subprocess.run([sys.executable, "-m", module, *args], check=False, cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_patiently([sys.executable, "-m", module, *args], timeout, cwd=REPO, env=env)
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)

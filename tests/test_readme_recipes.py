@@ -23,6 +23,8 @@ from markdown_it import MarkdownIt
 
 from snowflake_db import Layout
 
+from .plugins.scheduler_delay import run_patiently, wait_patiently
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
@@ -134,18 +136,21 @@ def test_static_worker_id_under_uvicorn_reload_stops_start_up_saying_what_to_do(
 
 def _wait_for_live_slots(control: Path, count: int, server: subprocess.Popen[str]) -> list[dict]:
     """The live slots of the control database once ``count`` processes hold one."""
-    deadline = time.monotonic() + 60
     live: list[dict] = []
-    while time.monotonic() < deadline and server.poll() is None:
-        listing = subprocess.run(
+
+    def counted(pause: float) -> bool:
+        listing = run_patiently(
             [str(BIN / "snowflake-db"), "workers", "list", "--json", "--url", f"sqlite:///{control}"],
-            capture_output=True, text=True, timeout=60, check=False,
+            60,
         )
         if listing.returncode == 0:
-            live = [slot for slot in json.loads(listing.stdout) if slot["state"] == "live"]
-            if len(live) >= count:
-                break
-        time.sleep(0.5)
+            live[:] = [slot for slot in json.loads(listing.stdout) if slot["state"] == "live"]
+        if len(live) >= count or server.poll() is not None:
+            return True
+        time.sleep(min(pause, 0.5))
+        return False
+
+    wait_patiently(counted, 60)
     return live
 
 

@@ -3,7 +3,11 @@ nothing outside the window it is asked about."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+
+import pytest
 
 from .plugins.scheduler_delay import SchedulerDelay
 
@@ -33,5 +37,42 @@ def test_a_stall_counts_as_delay_and_only_within_its_window() -> None:
         assert probe.widen(1.0, started, ended) == 1.0 + delay
         assert probe.during(started - 10, started - 9) == 0.0  # before the probe existed
         assert probe.worst() > 0.0
+    finally:
+        probe.stop()
+
+
+def test_wait_for_gives_up_at_the_bound_and_waits_longer_by_the_delay_measured() -> None:
+    probe = SchedulerDelay()  # not started: the delay is set below
+    calls: list[float] = []
+
+    def never(timeout: float) -> bool:
+        calls.append(timeout)
+        time.sleep(timeout)
+        return False
+
+    started = time.monotonic()
+    assert probe.wait_for(never, 0.2) is False  # a hang is still a failure
+    assert time.monotonic() - started >= 0.2 and all(t <= 0.2 for t in calls)
+
+    probe.during = lambda start, end: 0.3  # type: ignore[method-assign]  # a stall of 0.3 s
+    calls.clear()
+    started = time.monotonic()
+    assert probe.wait_for(never, 0.2) is False
+    assert time.monotonic() - started >= 0.5  # the bound plus the stall
+    ends_at_the_second_look = iter([False, True])
+    assert probe.wait_for(lambda timeout: next(ends_at_the_second_look), 0.2) is True
+
+
+def test_run_returns_the_output_and_kills_a_child_past_its_patience() -> None:
+    probe = SchedulerDelay()
+    probe.start()
+    try:
+        both = "import sys; print('out'); print('err', file=sys.stderr)"
+        done = probe.run([sys.executable, "-c", both], 60)
+        assert (done.returncode, done.stdout, done.stderr) == (0, "out\n", "err\n")
+        started = time.monotonic()
+        with pytest.raises(subprocess.TimeoutExpired):
+            probe.run([sys.executable, "-c", "import time; time.sleep(60)"], 0.3)
+        assert time.monotonic() - started < 30  # killed, not waited for
     finally:
         probe.stop()

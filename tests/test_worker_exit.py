@@ -21,6 +21,7 @@ import snowflake_db
 from snowflake_db.worker import TableWorkerAllocator
 
 from .plugins.databases import ScratchDatabase
+from .plugins.scheduler_delay import wait_patiently
 from .pool_support import (
     POOL_LAYOUT,
     TaskResult,
@@ -51,14 +52,11 @@ def _run_pool(method: str, url: str) -> list[TaskResult]:
         context.set_forkserver_preload(["tests.pool_support"])
     pool = context.Pool(2, initializer=initializer, initargs=initargs, maxtasksperchild=1)
     try:
-        results = pool.map_async(issue_ids, range(TASKS), chunksize=1).get(timeout=300)
+        mapped = pool.map_async(issue_ids, range(TASKS), chunksize=1)
+        assert wait_patiently(lambda timeout: _ready(mapped, timeout), 300), "tasks unfinished"
         pool.close()
-        # join() has no timeout: bound it from a helper thread.
-        joiner = threading.Thread(target=pool.join, daemon=True)
-        joiner.start()
-        joiner.join(60)
-        assert not joiner.is_alive(), "the pool's last children did not exit"
-        return results
+        _join_bounded(pool, 60)
+        return mapped.get(0)
     finally:
         pool.terminate()
 
@@ -96,11 +94,23 @@ def test_recycled_pool_workers_release_their_slots(
 # -- billiard (Celery's prefork pool) ------------------------------------------------------------
 
 
+def _ready(result: Any, timeout: float) -> bool:
+    result.wait(timeout)
+    return bool(result.ready())
+
+
+def _joined(thread: threading.Thread, timeout: float) -> bool:
+    thread.join(timeout)
+    return not thread.is_alive()
+
+
 def _join_bounded(pool: Any, seconds: float) -> None:
-    joiner = threading.Thread(target=pool.join, daemon=True)  # join() has no timeout
+    """``pool.join()``, which has no timeout, from a helper thread: bounded, patiently."""
+    joiner = threading.Thread(target=pool.join, daemon=True)
     joiner.start()
-    joiner.join(seconds)
-    assert not joiner.is_alive(), "the pool's last children did not exit"
+    assert wait_patiently(lambda timeout: _joined(joiner, timeout), seconds), (
+        "the pool's last children did not exit"
+    )
 
 
 @pytest.mark.slow

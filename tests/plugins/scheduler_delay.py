@@ -11,16 +11,23 @@ A wake later than the GIL's switch interval counts only beyond it: a probe that 
 for a busy thread of this test to hand over the GIL measures the test's own Python work, not
 the scheduler. Correctness (no ID after a deadline, a row locked until the server's limit) is
 judged from recorded events, never widened.
+
+A hang guard (a pool's tasks, a subprocess, a server coming up) is such a bound too: ``wait_for``
+and ``run`` give up only once the bound plus the delay measured since they started has passed,
+so an overloaded machine cannot turn the guard into a failure while a real hang still is one.
 """
 
 from __future__ import annotations
 
 import bisect
+import subprocess
 import sys
 import threading
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -78,18 +85,74 @@ class SchedulerDelay:
         """``bound`` plus the delay measured while a call ran from ``start`` to ``end``."""
         return bound + self.during(start, end)
 
+    def wait_for(self, done: Callable[[float], bool], bound: float) -> bool:
+        """Call ``done(timeout)`` (a wait of at most ``timeout`` s that says whether it ended)
+        until it returns True, or False once ``bound`` plus the delay since the start passed."""
+        start = time.monotonic()
+        while True:
+            remaining = start + self.widen(bound, start, time.monotonic()) - time.monotonic()
+            if remaining <= 0:
+                return False
+            if done(min(remaining, 1.0)):
+                return True
+
+    def run(
+        self, args: Sequence[str], bound: float, **popen: Any
+    ) -> subprocess.CompletedProcess[str]:
+        """``subprocess.run(args, capture_output=True, text=True)`` with ``wait_for``'s patience;
+        raises ``subprocess.TimeoutExpired`` (the child killed) past it."""
+        process = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+        )
+        output: list[str] = []
+
+        def ended(timeout: float) -> bool:
+            try:
+                output[:] = process.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return False  # communicate() keeps what it read for the next call
+            return True
+
+        with process:
+            if not self.wait_for(ended, bound):
+                process.kill()
+                process.communicate()
+                raise subprocess.TimeoutExpired(list(args), bound)
+        return subprocess.CompletedProcess(list(args), process.returncode, *output)
+
     def worst(self) -> float:
         """The latest the probe ever ran, in seconds past its due time."""
         with self._lock:
             return max((w - d for d, w in zip(self._due, self._woke, strict=True)), default=0.0)
 
 
-@pytest.fixture
-def scheduler_delay() -> Iterator[SchedulerDelay]:
-    """A probe running for the whole test (see the module's docstring)."""
+@contextmanager
+def probing() -> Iterator[SchedulerDelay]:
+    """A probe running for the ``with`` block: for a helper that guards one wait."""
     probe = SchedulerDelay()
     probe.start()
     try:
         yield probe
     finally:
         probe.stop()
+
+
+def wait_patiently(done: Callable[[float], bool], bound: float) -> bool:
+    """:meth:`SchedulerDelay.wait_for` with a probe of its own."""
+    with probing() as probe:
+        return probe.wait_for(done, bound)
+
+
+def run_patiently(
+    args: Sequence[str], bound: float, **popen: Any
+) -> subprocess.CompletedProcess[str]:
+    """:meth:`SchedulerDelay.run` with a probe of its own."""
+    with probing() as probe:
+        return probe.run(args, bound, **popen)
+
+
+@pytest.fixture
+def scheduler_delay() -> Iterator[SchedulerDelay]:
+    """A probe running for the whole test (see the module's docstring)."""
+    with probing() as probe:
+        yield probe
