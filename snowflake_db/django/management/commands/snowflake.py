@@ -99,7 +99,13 @@ class Command(BaseCommand):
         from ...checks import unfixed_narrow_columns
         from ...widening import widen_columns
 
-        columns = unfixed_narrow_columns(connections[alias])
+        connection = connections[alias]
+        if connection.vendor == "sqlite":
+            # https://www.sqlite.org/datatype3.html: an INTEGER column holds up to 8 bytes.
+            self.stdout.write(f"every Snowflake column on {alias!r} is 64-bit: SQLite's integer "
+                              "columns all hold 64 bits")
+            return
+        columns = unfixed_narrow_columns(connection)
         if not columns:
             self.stdout.write(f"every Snowflake column on {alias!r} is 64-bit (or a pending "
                               "migration widens it)")
