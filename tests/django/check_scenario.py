@@ -2,8 +2,9 @@
 
 Usage: ``python -m tests.django.check_scenario PROJECT_DIR DEFAULT_AUTO_FIELD [EXTRA]``.
 PROJECT_DIR holds the app package ``demo`` that the test wrote; EXTRA is JSON:
-``{"apps": [more INSTALLED_APPS], "path": [more sys.path], "settings": {more settings}}``.
-Prints the messages as one JSON line.
+``{"apps": [more INSTALLED_APPS], "path": [more sys.path], "settings": {more settings},
+"migrate": true}``. Prints the messages as one JSON line; with ``"migrate"``, what ``manage.py
+migrate`` (its system checks on) did instead: ``[succeeded, output]``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def main(project_dir: str, default_auto_field: str, extra: str = "{}") -> None:
         **more.get("settings", {}),
     })
     django.setup()
+    if more.get("migrate"):
+        from tests.django.scenario_support import manage
+
+        print(json.dumps(manage("migrate", verbosity=0)))
+        return
     from django.core.checks import run_checks
 
     messages = [

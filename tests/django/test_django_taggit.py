@@ -13,6 +13,7 @@ import pytest
 from django.contrib.contenttypes.models import ContentType
 from django.core.management import call_command
 from django.db import connections
+from django.test import override_settings
 from taggit.models import Tag
 from taggit.models import TaggedItem as TaggitItem
 
@@ -125,6 +126,21 @@ def test_remove_orphaned_tags_keeps_the_tags_used_through_a_snowflake_model(back
     call_command("remove_orphaned_tags", stdout=io.StringIO())
     assert _tag_names() == ["legacy"]
     assert list(lamp.tags.names()) == [] and TaggedItem.objects.count() == 0
+
+
+@backends("sqlite")  # its transaction.atomic() is on "default": the test router cannot move it
+def test_taggits_deduplicate_tags_drops_the_rows_of_a_snowflake_model(backend: str) -> None:
+    """What the docs warn of: taggit's deduplicate_tags merges only its own TaggedItem rows and
+    deletes each duplicate tag, with the rows of every other through model (cascade)."""
+    lamp, desk = (Product.objects.create(name=name) for name in ("lamp", "desk"))
+    red, upper = Tag.objects.create(name="red", slug="red"), Tag.objects.create(name="Red",
+                                                                                slug="red-2")
+    TaggedItem.objects.create(tag=red, content_object=lamp)
+    TaggedItem.objects.create(tag=upper, content_object=desk)
+    with override_settings(TAGGIT_CASE_INSENSITIVE=True):
+        call_command("deduplicate_tags", stdout=io.StringIO())
+    assert _tag_names() == ["red"]
+    assert list(lamp.tags.names()) == ["red"] and list(desk.tags.names()) == []
 
 
 def test_without_django_taggit_the_import_names_the_extra() -> None:
