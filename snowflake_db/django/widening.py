@@ -99,8 +99,8 @@ def widen_columns(using: str, columns: list[Any], *, dry_run: bool = False,
             continue  # otherwise widened with the key it points to
         affected = [(column.table, column.column), *_referencing_columns(column.model)]
         # MySQL/MariaDB commit each DDL statement (Django refuses DDL inside their
-        # transactions): there each statement stands alone, and a key whose foreign keys were
-        # not all widened is found again by the next run.
+        # transactions): there a failure leaves the statements before it done, as a failed
+        # AlterField would (the docs say to take a backup first).
         atomic = (transaction.atomic(using=using) if connection.features.can_rollback_ddl
                   else nullcontext())
         with atomic, connection.cursor() as cursor:
