@@ -180,9 +180,10 @@ def narrow_generic_object_ids(models: Iterable[Any] | None = None) -> list[tuple
     ]
 
 
-def key_field_instances() -> list[Any]:
-    """Every narrow field the checks report (E012 and E014): the fields whose lookups raise."""
-    return [found.field for found in narrow_key_fields()] + [
+def key_field_instances() -> tuple[list[Any], list[Any]]:
+    """The narrow fields the checks report, whose lookups raise: the plain integer fields
+    (E014) and the generic relations' object IDs (E012)."""
+    return [found.field for found in narrow_key_fields()], [
         object_id for _, _, object_id in narrow_generic_object_ids()
     ]
 

@@ -199,6 +199,28 @@ def test_e014_false_positive_in_an_installed_app_has_the_same_way_out(tmp_path: 
     assert _migrate(tmp_path / "after", {**outside, "settings": settings}) == [True, ""]
 
 
+def test_key_lookups_raise_on_reported_fields_and_in_only_on_plain_ones(tmp_path: Path) -> None:
+    """``in`` raises on E014 fields only: on a generic object ID Django itself asks
+    ``object_id__in`` with the keys of objects it deletes (GenericRelation)."""
+    generic = CARRIER_LIKE + (
+        "\n\nfrom django.contrib.contenttypes.fields import GenericForeignKey\n"
+        "from django.contrib.contenttypes.models import ContentType\n\n\n"
+        "class Note(models.Model):\n"
+        "    content_type = models.ForeignKey(ContentType, on_delete=models.CASCADE)\n"
+        "    object_id = models.PositiveIntegerField()\n"
+        "    target = GenericForeignKey()\n"
+        "    quantity = models.IntegerField()\n"
+    )
+    fields = ["demo.Parcel.carrier_id", "demo.Note.object_id", "demo.Note.quantity"]
+    found = _checks(tmp_path, models=generic, extra={"lookups": fields})
+    assert found == {
+        "demo.Parcel.carrier_id": {"exact": "KeyExact", "lt": "KeyLessThan", "in": "KeyIn"},
+        "demo.Note.object_id": {"exact": "KeyExact", "lt": "KeyLessThan", "in": "In"},
+        "demo.Note.quantity": {"exact": "IntegerFieldExact", "lt": "IntegerLessThan",
+                               "in": "In"},
+    }
+
+
 def test_e012_points_taggit_users_to_the_through_model(tmp_path: Path) -> None:
     product = "from django.db import models\n\n\nclass Product(models.Model):\n    pass\n"
     (error,) = _checks(tmp_path, models=product, extra={"apps": ["taggit"]})
