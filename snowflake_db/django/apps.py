@@ -74,7 +74,9 @@ class SnowflakeDbConfig(AppConfig):
         from .key_columns import key_field_instances
         from .lookups import install_key_lookups
 
-        install_key_lookups(key_field_instances())
+        plain, generic = key_field_instances()
+        install_key_lookups(plain, with_in=True)
+        install_key_lookups(generic, with_in=False)
 
 
 #: Django's backends that import MySQLdb (mysqlclient, or PyMySQL installed under its name).

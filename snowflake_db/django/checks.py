@@ -49,6 +49,7 @@ from .columns import NarrowColumn, narrow_columns, snowflake_models
 from .conf import SnowflakeSettings, get_settings
 from .fields import SnowflakeAutoField, is_snowflake_field
 from .key_columns import (
+    field_kind,
     field_path,
     is_installed_package,
     narrow_generic_object_ids,
@@ -183,11 +184,11 @@ def check_generic_foreign_keys(
     keyed = [model._meta.label for model in snowflake_keyed_models()]
     errors: list[CheckMessage] = []
     for model, generic, object_id in narrow_generic_object_ids(_checked_models(app_configs)):
-        kind = object_id.get_internal_type()
         errors.append(
             Error(
                 f"{model._meta.label}.{generic.name} stores object IDs in "
-                f"{model._meta.label}.{object_id.name}, a {kind} (32 bits or fewer), but "
+                f"{model._meta.label}.{object_id.name}, {field_kind(object_id)} (32 bits or "
+                "fewer), but "
                 f"models with Snowflake keys ({', '.join(keyed[:3])}"
                 f"{', ...' if len(keyed) > 3 else ''}) need 64 bits: pointing it "
                 "at one fails with 'integer out of range' (or is truncated on MySQL "
@@ -219,7 +220,7 @@ def check_key_fields(
     for found in narrow_key_fields(_checked_models(app_configs)):
         errors.append(
             Error(
-                f"{found.path} is a {found.field.get_internal_type()} (32 bits or fewer) but "
+                f"{found.path} is {field_kind(found.field)} (32 bits or fewer) but "
                 f"{found.evidence}: writing one fails with 'integer out of range' (or is "
                 "stored as 2147483647 on MariaDB without strict mode), and a lookup with one "
                 "finds nothing",

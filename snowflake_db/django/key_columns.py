@@ -35,8 +35,8 @@ from django.core.exceptions import FieldDoesNotExist
 from .conf import get_settings
 from .fields import is_snowflake_field
 
-__all__ = ["KeyField", "field_path", "generic_object_id_fields", "is_installed_package",
-           "narrow_key_fields"]
+__all__ = ["KeyField", "field_kind", "field_path", "generic_object_id_fields",
+           "is_installed_package", "narrow_key_fields"]
 
 #: Django field types whose column has fewer than 64 bits on PostgreSQL and MySQL/MariaDB.
 NARROW_INTEGER_TYPES = frozenset(
@@ -67,6 +67,12 @@ class KeyField:
 def field_path(model: Any, field: Any) -> str:
     """``app_label.Model.field``, the form of ``KEY_COLUMNS`` and ``NOT_KEY_COLUMNS``."""
     return f"{model._meta.app_label}.{model._meta.object_name}.{field.name}"
+
+
+def field_kind(field: Any) -> str:
+    """The field's type with its article, for messages: "an IntegerField", "a SmallIntegerField"."""
+    kind = str(field.get_internal_type())
+    return f"{'an' if kind[0] in 'AEIOU' else 'a'} {kind}"
 
 
 def _setting_key(model: Any, field: Any) -> str:
@@ -174,9 +180,10 @@ def narrow_generic_object_ids(models: Iterable[Any] | None = None) -> list[tuple
     ]
 
 
-def key_field_instances() -> list[Any]:
-    """Every narrow field the checks report (E012 and E014): the fields whose lookups raise."""
-    return [found.field for found in narrow_key_fields()] + [
+def key_field_instances() -> tuple[list[Any], list[Any]]:
+    """The narrow fields the checks report, whose lookups raise: the plain integer fields
+    (E014) and the generic relations' object IDs (E012)."""
+    return [found.field for found in narrow_key_fields()], [
         object_id for _, _, object_id in narrow_generic_object_ids()
     ]
 

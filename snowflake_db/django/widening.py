@@ -12,6 +12,7 @@ app's own tables: identity or sequence dropped, column made ``BIGINT``).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 from django.db import connections, models
@@ -97,7 +98,12 @@ def widen_columns(using: str, columns: list[Any], *, dry_run: bool = False,
                     stdout.write(f"{line}\n")
             continue  # otherwise widened with the key it points to
         affected = [(column.table, column.column), *_referencing_columns(column.model)]
-        with transaction.atomic(using=using), connection.cursor() as cursor:
+        # MySQL/MariaDB commit each DDL statement (Django refuses DDL inside their
+        # transactions): there a failure leaves the statements before it done, as a failed
+        # AlterField would (the docs say to take a backup first).
+        atomic = (transaction.atomic(using=using) if connection.features.can_rollback_ddl
+                  else nullcontext())
+        with atomic, connection.cursor() as cursor:
             views = (
                 views_depending_on(cursor, [(quote(t), c) for t, c in affected])
                 if connection.vendor == "postgresql" else []

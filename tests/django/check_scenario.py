@@ -2,8 +2,10 @@
 
 Usage: ``python -m tests.django.check_scenario PROJECT_DIR DEFAULT_AUTO_FIELD [EXTRA]``.
 PROJECT_DIR holds the app package ``demo`` that the test wrote; EXTRA is JSON:
-``{"apps": [more INSTALLED_APPS], "path": [more sys.path], "settings": {more settings}}``.
-Prints the messages as one JSON line.
+``{"apps": [more INSTALLED_APPS], "path": [more sys.path], "settings": {more settings},
+"migrate": true, "lookups": ["app.Model.field", ...]}``. Prints the messages as one JSON
+line; with ``"migrate"``, what ``manage.py migrate`` (its system checks on) did instead:
+``[succeeded, output]``; with ``"lookups"``, the lookup classes those fields answer with.
 """
 
 from __future__ import annotations
@@ -27,6 +29,20 @@ def main(project_dir: str, default_auto_field: str, extra: str = "{}") -> None:
         **more.get("settings", {}),
     })
     django.setup()
+    if more.get("lookups"):  # {"app.Model.field": {lookup name: class name}}
+        from django.apps import apps
+
+        fields = [apps.get_model(path.rsplit(".", 1)[0])._meta.get_field(path.rsplit(".", 1)[1])
+                  for path in more["lookups"]]
+        print(json.dumps({path: {name: field.get_lookup(name).__name__
+                                 for name in ("exact", "lt", "in")}
+                          for path, field in zip(more["lookups"], fields, strict=True)}))
+        return
+    if more.get("migrate"):
+        from tests.django.scenario_support import manage
+
+        print(json.dumps(manage("migrate", verbosity=0)))
+        return
     from django.core.checks import run_checks
 
     messages = [

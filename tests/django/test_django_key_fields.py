@@ -5,6 +5,7 @@ django-oscar and django-taggit."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +141,84 @@ def test_e014_hint_for_an_app_outside_the_project(tmp_path: Path) -> None:
     assert "belongs to the installed app 'shopapp', which you cannot edit" in hint
     assert "offer_id = models.PositiveBigIntegerField(...)" in hint
     assert "Make offer_id" in found["demo.Unused.offer_id"]["hint"]
+
+
+#: A false positive: a Snowflake-keyed Carrier, and a carrier_id that is the carrier's number
+#: in an outside system (not a key of ours).
+CARRIER_LIKE = '''
+from django.db import models
+
+
+class Carrier(models.Model):
+    name = models.CharField(max_length=50)
+
+
+class Parcel(models.Model):
+    carrier_id = models.IntegerField()
+'''
+
+
+def _migrate(tmp_path: Path, extra: dict[str, Any]) -> list[Any]:
+    result: list[Any] = _checks(tmp_path, models=CARRIER_LIKE, extra={**extra, "migrate": True})
+    return result
+
+
+def _not_key_entry(output: str) -> str:
+    """The NOT_KEY_COLUMNS entry E014's hint names, exactly as written there."""
+    entries = re.findall(r"list '([^']+)' in SNOWFLAKE_DB\['NOT_KEY_COLUMNS'\]", output)
+    assert len(entries) == 1, output
+    return entries[0]
+
+
+def test_e014_false_positive_stops_migrate_until_the_entry_its_hint_names_is_added(
+    tmp_path: Path,
+) -> None:
+    migrated, output = _migrate(tmp_path / "before", {})
+    assert not migrated
+    assert "demo.Parcel.carrier_id is an IntegerField (32 bits or fewer) but its name " \
+        "says it holds keys of demo.Carrier" in output
+    entry = _not_key_entry(output)
+    assert entry == "demo.Parcel.carrier_id"
+    settings = {"SNOWFLAKE_DB": {"WORKER_SOURCE": "manual", "NOT_KEY_COLUMNS": [entry]}}
+    # The next command takes it: no migration, nothing else reported.
+    assert _migrate(tmp_path / "after", {"settings": settings}) == [True, ""]
+
+
+def test_e014_false_positive_in_an_installed_app_has_the_same_way_out(tmp_path: Path) -> None:
+    """The same one-line way out for a field of an app the project cannot edit."""
+    _write_app(tmp_path / "vendor", "carriers", CARRIER_LIKE)
+    outside = {"apps": ["carriers"], "path": [str(tmp_path / "vendor")]}
+    project = {"BASE_DIR": str(tmp_path / "demo")}
+    migrated, output = _migrate(tmp_path / "before", {**outside, "settings": project})
+    assert not migrated
+    assert "belongs to the installed app 'carriers', which you cannot edit" in output
+    entries = sorted(re.findall(r"list '([^']+)' in SNOWFLAKE_DB", output))
+    assert entries == ["carriers.Parcel.carrier_id", "demo.Parcel.carrier_id"]
+    settings = {**project, "SNOWFLAKE_DB": {"WORKER_SOURCE": "manual",
+                                            "NOT_KEY_COLUMNS": entries}}
+    assert _migrate(tmp_path / "after", {**outside, "settings": settings}) == [True, ""]
+
+
+def test_key_lookups_raise_on_reported_fields_and_in_only_on_plain_ones(tmp_path: Path) -> None:
+    """``in`` raises on E014 fields only: on a generic object ID Django itself asks
+    ``object_id__in`` with the keys of objects it deletes (GenericRelation)."""
+    generic = CARRIER_LIKE + (
+        "\n\nfrom django.contrib.contenttypes.fields import GenericForeignKey\n"
+        "from django.contrib.contenttypes.models import ContentType\n\n\n"
+        "class Note(models.Model):\n"
+        "    content_type = models.ForeignKey(ContentType, on_delete=models.CASCADE)\n"
+        "    object_id = models.PositiveIntegerField()\n"
+        "    target = GenericForeignKey()\n"
+        "    quantity = models.IntegerField()\n"
+    )
+    fields = ["demo.Parcel.carrier_id", "demo.Note.object_id", "demo.Note.quantity"]
+    found = _checks(tmp_path, models=generic, extra={"lookups": fields})
+    assert found == {
+        "demo.Parcel.carrier_id": {"exact": "KeyExact", "lt": "KeyLessThan", "in": "KeyIn"},
+        "demo.Note.object_id": {"exact": "KeyExact", "lt": "KeyLessThan", "in": "In"},
+        "demo.Note.quantity": {"exact": "IntegerFieldExact", "lt": "IntegerLessThan",
+                               "in": "In"},
+    }
 
 
 def test_e012_points_taggit_users_to_the_through_model(tmp_path: Path) -> None:

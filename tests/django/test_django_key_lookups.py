@@ -36,6 +36,24 @@ def test_a_key_beyond_the_columns_range_raises_naming_field_column_and_value(
 
 
 @backends("postgresql", "mariadb")
+def test_in_with_a_key_beyond_the_columns_range_raises(backend: str) -> None:
+    """Django sends ``__in`` values to the database, which compares them as 64-bit and finds
+    nothing for the key: the rows of the other values come back, the key's silently not."""
+    key = Product.objects.create(name="lamp").pk
+    Discount.objects.create(product_id=7, amount=3)
+    with (CaptureQueriesContext(connections[backend]) as queries,
+          pytest.raises(KeyLookupOutOfRangeError) as caught):
+        list(Discount.objects.filter(product_id__in=[7, key]))
+    assert len(queries) == 0
+    assert caught.value.field == "tagged.Discount.product_id" and caught.value.value == key
+    assert list(Discount.objects.filter(product_id__in=[7, 8]).values_list("amount", flat=True)) \
+        == [3]
+    # A subquery is the database's business: no values to judge here.
+    assert Discount.objects.filter(product_id__in=Discount.objects.values("product_id")).count() \
+        == 1
+
+
+@backends("postgresql", "mariadb")
 def test_other_integer_fields_keep_djangos_empty_result(backend: str) -> None:
     """Django's own behaviour (5.0+) on a field that holds no keys: empty, no query."""
     Order.objects.create(customer=_customer(), total_cents=5)

@@ -3,14 +3,19 @@ taggit's own behaviours on every backend, and no clamping on MariaDB in either s
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.contrib.contenttypes.models import ContentType
+from django.core.management import call_command
 from django.db import connections
+from django.test import override_settings
 from taggit.models import Tag
+from taggit.models import TaggedItem as TaggitItem
 
 from tests.django.conftest import backends
 from tests.django_project.tagged.models import Article, Product, TaggedItem
@@ -89,6 +94,53 @@ def test_mariadb_never_clamps_object_ids(backend: str, mariadb_sql_mode: str) ->
     assert min(_stored_object_ids(backend)) > INT32_MAX
     assert set(Product.objects.filter(tags__name="sale")) == set(products)
     assert [list(product.tags.names()) for product in products] == [["sale"]] * 3
+
+
+def _tag_names() -> list[str]:
+    return sorted(Tag.objects.values_list("name", flat=True))
+
+
+def test_remove_orphaned_tags_keeps_the_tags_used_through_a_snowflake_model(backend: str) -> None:
+    """taggit's remove_orphaned_tags deletes every tag that only a SnowflakeTaggedItemBase model
+    uses, and the objects lose them (cascade); snowflake remove-orphaned-tags removes only the
+    tags no row refers to, whichever model refers to them."""
+    lamp = Product.objects.create(name="lamp")
+    lamp.tags.add("red", "metal")
+    Article.objects.create(title="news").tags.add("metal")
+    Tag.objects.create(name="stale")
+    # A tag used only through taggit's own TaggedItem (a model with small keys: a ContentType).
+    kind = ContentType.objects.get_for_model(ContentType)
+    TaggitItem.objects.create(tag=Tag.objects.create(name="legacy"), content_type=kind,
+                              object_id=kind.pk)
+
+    out = io.StringIO()
+    call_command("snowflake", "remove-orphaned-tags", "--dry-run", stdout=out)
+    assert out.getvalue() == "would remove 1 orphaned taggit.Tag: stale\n"
+    assert _tag_names() == ["legacy", "metal", "red", "stale"]
+    call_command("snowflake", "remove-orphaned-tags", stdout=out)
+    assert out.getvalue().endswith("removed 1 orphaned taggit.Tag: stale\n")
+    assert _tag_names() == ["legacy", "metal", "red"]
+    assert sorted(lamp.tags.names()) == ["metal", "red"]
+
+    # taggit's own command, for comparison: it deletes the tags in use and the rows using them.
+    call_command("remove_orphaned_tags", stdout=io.StringIO())
+    assert _tag_names() == ["legacy"]
+    assert list(lamp.tags.names()) == [] and TaggedItem.objects.count() == 0
+
+
+@backends("sqlite")  # its transaction.atomic() is on "default": the test router cannot move it
+def test_taggits_deduplicate_tags_drops_the_rows_of_a_snowflake_model(backend: str) -> None:
+    """What the docs warn of: taggit's deduplicate_tags merges only its own TaggedItem rows and
+    deletes each duplicate tag, with the rows of every other through model (cascade)."""
+    lamp, desk = (Product.objects.create(name=name) for name in ("lamp", "desk"))
+    red, upper = Tag.objects.create(name="red", slug="red"), Tag.objects.create(name="Red",
+                                                                                slug="red-2")
+    TaggedItem.objects.create(tag=red, content_object=lamp)
+    TaggedItem.objects.create(tag=upper, content_object=desk)
+    with override_settings(TAGGIT_CASE_INSENSITIVE=True):
+        call_command("deduplicate_tags", stdout=io.StringIO())
+    assert _tag_names() == ["red"]
+    assert list(lamp.tags.names()) == ["red"] and list(desk.tags.names()) == []
 
 
 def test_without_django_taggit_the_import_names_the_extra() -> None:

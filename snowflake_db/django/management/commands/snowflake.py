@@ -8,6 +8,7 @@
     manage.py snowflake check                # lease a worker ID and release it (probes)
     manage.py snowflake doctor [--json]      # layout, its end, clock skew, slots, partitions
     manage.py snowflake widen [--dry-run]    # keys migrations left narrow (check E010)
+    manage.py snowflake remove-orphaned-tags [--dry-run]   # django-taggit, any through model
 
 Leases are read and reaped by :class:`snowflake_db.worker.TableWorkerAllocator` itself,
 judged by the database clock, with the tables and options of ``SNOWFLAKE_DB`` (its layout and
@@ -74,6 +75,10 @@ class Command(BaseCommand):
         widen = sub.add_parser("widen", help=widen_help)
         widen.add_argument("--database", default="default", help="alias (default: default)")
         widen.add_argument("--dry-run", action="store_true")
+        orphans_help = ("delete the django-taggit tags that no row of any model uses (taggit's "
+                        "remove_orphaned_tags sees only taggit's own TaggedItem)")
+        orphans = sub.add_parser("remove-orphaned-tags", help=orphans_help)
+        orphans.add_argument("--dry-run", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -92,6 +97,8 @@ class Command(BaseCommand):
             )
         elif action == "widen":
             self._widen(options["database"], dry_run=options["dry_run"])
+        elif action == "remove-orphaned-tags":
+            self._remove_orphaned_tags(dry_run=options["dry_run"])
         else:
             self._reap(options.get("database"), dry_run=options["dry_run"])
 
@@ -99,12 +106,35 @@ class Command(BaseCommand):
         from ...checks import unfixed_narrow_columns
         from ...widening import widen_columns
 
-        columns = unfixed_narrow_columns(connections[alias])
+        connection = connections[alias]
+        if connection.vendor == "sqlite":
+            # https://www.sqlite.org/datatype3.html: an INTEGER column holds up to 8 bytes.
+            self.stdout.write(f"every Snowflake column on {alias!r} is 64-bit: SQLite's integer "
+                              "columns all hold 64 bits")
+            return
+        columns = unfixed_narrow_columns(connection)
         if not columns:
             self.stdout.write(f"every Snowflake column on {alias!r} is 64-bit (or a pending "
                               "migration widens it)")
             return
         widen_columns(alias, columns, dry_run=dry_run, stdout=self.stdout)
+
+    def _remove_orphaned_tags(self, *, dry_run: bool) -> None:
+        from django.apps import apps
+
+        if not apps.is_installed("taggit"):
+            raise CommandError("remove-orphaned-tags: 'taggit' is not in INSTALLED_APPS")
+        try:
+            from ...taggit import orphaned_tags
+        except ImportError as error:  # MissingExtraError: the taggit extra
+            raise CommandError(str(error)) from None
+        for tags in orphaned_tags():
+            label = tags.model._meta.label
+            names = sorted(str(name) for name in tags.values_list("name", flat=True))
+            if not dry_run:
+                tags.filter(name__in=names).delete()
+            self.stdout.write(f"{'would remove' if dry_run else 'removed'} {len(names)} "
+                              f"orphaned {label}: {', '.join(names) or '-'}")
 
     def _decode(self, raw_ids: list[str], *, as_json: bool) -> None:
         """What ``snowflake-db parse`` prints (one formatter), with the SNOWFLAKE_DB layout."""
