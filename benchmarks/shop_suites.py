@@ -695,7 +695,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "Shop suites on PostgreSQL: failing tests per run",
         ["suite", *RUNS, "differ", "32-bit", "unexpected"], rows,
         "auto: AutoField; snowflake: SnowflakeAutoField with snowflake_db.django installed; "
-        "differ: failing only with snowflake, of which 32-bit: 'integer out of range'; "
+        "differ: failing only with snowflake, of which 32-bit: 'integer out of range' or "
+        "KeyLookupOutOfRangeError; "
         "those without a reason in EXPECTED are unexpected",
         unexpected_total, check=args.check)
 
