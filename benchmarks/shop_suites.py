@@ -298,6 +298,8 @@ OSCAR_FORKED = {
 #: The package (in the work dir) of those copies; the converted site's own (it adds migrations).
 OSCAR_MIGRATIONS = "shop_oscar_migrations"
 OSCAR_CONVERTED_MIGRATIONS = "shop_oscar_converted_migrations"
+#: The folder (in the work dir) of the converted copy of Oscar's tests.
+OSCAR_CONVERTED_SOURCE = "oscar-converted-source"
 _AUTO_FIELD_CALL = "models.AutoField(auto_created=True, primary_key=True"
 _FOLLOW_SETTING = (
     "from django.conf import settings as _settings\n"
@@ -335,15 +337,13 @@ _OSCAR_ORDER_DISCOUNT_IMPORT = (
 )
 
 
-def oscar_converted_source(source: Path, work_dir: Path) -> Path:
+def oscar_converted_source(source: Path, copy: Path) -> None:
     """A fresh copy of the source's tests (and setup.cfg) to convert (``--oscar-converted``)."""
-    copy = work_dir / "oscar-converted-source"
     shutil.rmtree(copy, ignore_errors=True)
     copy.mkdir()
     shutil.copytree(source / "tests", copy / "tests")
     if (source / "setup.cfg").exists():
         shutil.copy2(source / "setup.cfg", copy / "setup.cfg")
-    return copy
 
 
 def _server() -> dict[str, str]:
@@ -391,7 +391,6 @@ class Run:
         self.suite, self.field = suite, field
         self.venv_python, self.source, self.work_dir = venv_python, source, work_dir
         self.name = f"shop_{suite}_{field}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-        converted = converted and suite == "oscar" and installed
         variants = [name for name, used in (("through", through), ("freezegun", freezegun_ignore),
                                             ("converted", converted), ("subset", subset))
                     if used and installed]
@@ -642,10 +641,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         failing: dict[str, dict[str, str]] = {}
         for field in runs:
             converted = args.oscar_converted and suite == "oscar" and RUNS[field][1]
-            run = Run(suite, field, venv_python=venv_python,
-                      source=(oscar_converted_source(source, work_dir)
-                              if converted and not args.reanalyse else
-                              work_dir / "oscar-converted-source" if converted else source),
+            run_source = source
+            if converted:
+                run_source = work_dir / OSCAR_CONVERTED_SOURCE
+                if not args.reanalyse:
+                    oscar_converted_source(source, run_source)
+            run = Run(suite, field, venv_python=venv_python, source=run_source,
                       work_dir=work_dir, through=through if suite == "taggit" else None,
                       freezegun_ignore=args.freezegun_ignore, subset=bool(args.tests),
                       converted=converted)
