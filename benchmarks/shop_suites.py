@@ -565,8 +565,8 @@ def junit_failures(path: Path) -> dict[str, str]:
             continue
         parts = case.get("classname", "").split(".")
         first_class = next((i for i, part in enumerate(parts) if part[:1].isupper()), len(parts))
-        path = "/".join(parts[:first_class]) + ".py"
-        node = "::".join([path, *parts[first_class:], case.get("name", "")])
+        module_path = "/".join(parts[:first_class]) + ".py"
+        node = "::".join([module_path, *parts[first_class:], case.get("name", "")])
         failing[node] = "\n".join(f"{p.get('message', '')}\n{p.text or ''}" for p in problems)
     return failing
 
