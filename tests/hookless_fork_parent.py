@@ -34,7 +34,9 @@ from typing import Any
 
 import snowflake_db
 from snowflake_db import forks
-from snowflake_db.worker import TableLease, TableWorkerAllocator, forking, sqlite_fork_gate
+from snowflake_db.worker import TableLease, TableWorkerAllocator
+from snowflake_db.worker import _process_hooks as forking
+from snowflake_db.worker import _process_hooks as sqlite_fork_gate
 
 #: libc's fork() holding the GIL, as a C server (uWSGI) forks: no Python fork hook runs.
 LIBC_FORK = ctypes.PyDLL(None, use_errno=True).fork

@@ -22,7 +22,7 @@ from snowflake_db.alembic import (
     DropSnowflakeWorkerLayoutTableOp,
 )
 from snowflake_db.worker import worker_tables
-from snowflake_db.worker.layouts import layout_text
+from snowflake_db.worker._layout_record import layout_text
 
 from .alembic_support import make_project, write_revision
 from .outage_support import STEADY_LEASE_SECONDS

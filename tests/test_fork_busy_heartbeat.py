@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 import snowflake_db
-from snowflake_db import SnowflakeError, fork_repair, forks
+from snowflake_db import SnowflakeError, forks
+from snowflake_db import forks as fork_repair
 from snowflake_db.worker import TableLease
 
 from .core_support import run_in_fork

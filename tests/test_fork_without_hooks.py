@@ -35,7 +35,8 @@ from snowflake_db import (
     forks,
 )
 from snowflake_db.testing import FakeClock
-from snowflake_db.worker import TableLease, TableWorkerAllocator, forking
+from snowflake_db.worker import TableLease, TableWorkerAllocator
+from snowflake_db.worker import _process_hooks as forking
 
 from .core_support import FakeAllocator, error_report, run_in_fork
 from .hookless_fork_support import LIBC_FORK, settle_threads

@@ -24,7 +24,7 @@ from sqlalchemy import event
 
 from snowflake_db import LeaseExpiredError, SnowflakeGenerator
 from snowflake_db.worker import TableLease
-from snowflake_db.worker.keeper import LeaseKeeper
+from snowflake_db.worker._renewer import LeaseRenewer as LeaseKeeper
 
 from .outage_support import STEADY_LEASE_SECONDS
 from .plugins.databases import ScratchDatabase

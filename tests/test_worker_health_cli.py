@@ -18,8 +18,7 @@ from sqlalchemy import create_engine, func, select, update
 
 from snowflake_db import Layout, MonotonicClock
 from snowflake_db.sharding import partitioning
-from snowflake_db.worker import worker_tables
-from snowflake_db.worker.schema import DEFAULT_SLOTS_TABLE
+from snowflake_db.worker import DEFAULT_SLOTS_TABLE, worker_tables
 
 from .plugins.databases import ScratchDatabase
 from .worker_support import LEASE_SECONDS, allocator, database_now_ms, read_slots

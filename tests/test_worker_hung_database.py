@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, event
 
 from snowflake_db import AllocatorUnavailableError, SnowflakeGenerator
 from snowflake_db.worker import TableLease, TableWorkerAllocator
-from snowflake_db.worker.timeouts import MIN_CONNECT_SECONDS, bound_seconds
+from snowflake_db.worker._engine import MIN_CONNECT_SECONDS, bound_seconds
 
 from .plugins.databases import ScratchDatabase
 from .plugins.scheduler_delay import SchedulerDelay

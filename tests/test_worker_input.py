@@ -10,7 +10,7 @@ import pytest
 
 from snowflake_db import InvalidArgumentError, Layout, MonotonicClock
 from snowflake_db.worker import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS, TableWorkerAllocator
-from snowflake_db.worker.connection import safe_url_text
+from snowflake_db.worker._engine import safe_url_text
 
 from .plugins.databases import ScratchDatabase
 

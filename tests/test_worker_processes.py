@@ -28,9 +28,10 @@ from snowflake_db import (
     SnowflakeGenerator,
     WorkerIdExhaustedError,
 )
-from snowflake_db.worker import TableLease, TableWorkerAllocator, forking
-from snowflake_db.worker.store import db_now_ms
-from snowflake_db.worker.timeouts import idle_transaction_seconds
+from snowflake_db.worker import TableLease, TableWorkerAllocator
+from snowflake_db.worker import _process_hooks as forking
+from snowflake_db.worker._engine import idle_transaction_seconds
+from snowflake_db.worker._store import db_now_ms
 
 from .outage_support import STEADY_LEASE_SECONDS
 from .plugins.databases import ScratchDatabase

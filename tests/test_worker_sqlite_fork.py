@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from snowflake_db.worker import sqlite_fork_gate
-from snowflake_db.worker.connection import make_engine
+from snowflake_db.worker import _process_hooks as sqlite_fork_gate
+from snowflake_db.worker._engine import make_engine
 
 from .core_support import run_in_fork
 from .plugins.databases import ScratchDatabase

@@ -15,7 +15,7 @@ from sqlalchemy import BigInteger, Integer, MetaData
 from sqlalchemy import inspect as sa_inspect
 
 from ..sqlalchemy.columns import is_snowflake_column
-from ..worker.schema import (
+from ..worker._schema import (
     DEFAULT_LAYOUT_TABLE,
     DEFAULT_REGISTRATIONS_TABLE,
     DEFAULT_SLOTS_TABLE,

@@ -41,7 +41,7 @@ def resolve_url(text: str, origin: str) -> URL:
         url = make_url(text.strip())
     except Exception:
         raise CommandError(f"{origin}{text!r} is not a database URL; use {URL_FORMS}") from None
-    from ..worker.connection import unnamed_part, with_installed_driver
+    from ..worker._engine import unnamed_part, with_installed_driver
 
     shown = url.render_as_string(hide_password=True)
     if url.get_backend_name() != "sqlite":

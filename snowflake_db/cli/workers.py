@@ -120,7 +120,7 @@ def _explain_missing_tables(
     """A database without the worker tables: say where they come from (not an API option)."""
     from sqlalchemy import inspect
 
-    from ..worker.connection import safe_url_text
+    from ..worker._engine import safe_url_text
 
     tables = allocator.store.tables
     try:
@@ -241,7 +241,7 @@ def _reap(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ..worker import health
+    from ..worker import _health as health
 
     layout = layout_from_args(args)
     allocator = _allocator(args, create_tables=args.create_tables)

@@ -1,4 +1,4 @@
-"""Django models mirroring :mod:`snowflake_db.worker.schema` exactly, so migrations own the tables.
+"""Django models mirroring :mod:`snowflake_db.worker._schema` exactly, so migrations own the tables.
 
 Column names, types, nullability and the ``high_water_ms`` default must match the SQLAlchemy
 definition: the table allocator reads and writes these tables with its own SQL. A test compares
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.db import models
 
-# The values of snowflake_db.worker.schema, repeated so importing the models needs no SQLAlchemy.
+# The values of snowflake_db.worker._schema, repeated so importing the models needs no SQLAlchemy.
 SLOTS_TABLE = "snowflake_worker_slots"
 REGISTRATIONS_TABLE = "snowflake_worker_registrations"
 LAYOUT_TABLE = "snowflake_worker_layout"

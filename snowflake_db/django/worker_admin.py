@@ -31,11 +31,11 @@ _STATES = ("live", "expired", "reserved", "free")
 
 def database_now_ms(alias: str) -> int:
     """The clock of database ``alias`` in Unix ms: the allocator's own expression
-    (:class:`snowflake_db.worker.store.db_now_ms`), compiled for the alias's vendor."""
+    (:class:`snowflake_db.worker._store.db_now_ms`), compiled for the alias's vendor."""
     from sqlalchemy import select
     from sqlalchemy.dialects import mysql, postgresql, sqlite
 
-    from ..worker.store import db_now_ms
+    from ..worker._store import db_now_ms
 
     connection = connections[alias]
     dialects = {"postgresql": postgresql, "mysql": mysql, "sqlite": sqlite}

@@ -4,7 +4,7 @@ accepts.
 Platforms spell it ``postgres://`` (SQLAlchemy 1.4 dropped that alias: ``NoSuchModuleError``) or
 ``mysql://`` (which SQLAlchemy takes to mean mysqlclient, not the PyMySQL of the ``mysql``
 extra). The worker allocator maps these forms to the installed driver
-(:func:`snowflake_db.worker.connection.with_installed_driver`); this gives the application's
+(:func:`snowflake_db.worker._engine.with_installed_driver`); this gives the application's
 own engines the same mapping, so both open the same database through the same driver.
 """
 
@@ -24,7 +24,7 @@ def engine_url(url: str | URL) -> URL:
     returned as given. Raises :class:`~snowflake_db.errors.InvalidArgumentError` naming the URL
     (password hidden) for an unparsable URL, another database or a driver not installed.
     """
-    from ..worker.connection import safe_url_text, with_installed_driver
+    from ..worker._engine import safe_url_text, with_installed_driver
 
     if isinstance(url, str):
         try:

@@ -16,7 +16,7 @@ from sqlalchemy import MetaData, create_engine, inspect
 from sqlalchemy.engine import URL
 
 from snowflake_db.django.worker import sqlalchemy_url
-from snowflake_db.worker.schema import worker_tables
+from snowflake_db.worker import worker_tables
 from tests.django.scenario_support import django_database, run_step
 from tests.plugins.databases import create_database, drop_database
 

@@ -419,7 +419,7 @@ def test_command_lists_and_reaps_leases(tx_backend: str) -> None:
 def test_empty_host_means_the_local_server_django_uses(tx_backend: str) -> None:
     """Django leaves HOST empty for the local socket; the worker URL must still name a server."""
     from snowflake_db.django.worker import sqlalchemy_url
-    from snowflake_db.worker.connection import check_supported
+    from snowflake_db.worker._engine import check_supported
 
     connection = connections[tx_backend]
     saved = connection.settings_dict["HOST"]

@@ -1,9 +1,9 @@
 """``op.create_snowflake_worker_tables()`` / ``op.drop_snowflake_worker_tables()``, and
 ``op.create_snowflake_worker_layout_table()`` / ``op.drop_snowflake_worker_layout_table()``.
 
-The layout table (the layout the worker tables serve, :mod:`snowflake_db.worker.layouts`) came
-later than the other two: ``create_snowflake_worker_layout_table`` is the migration that adds it
-to an existing install; the tables' first user then records its layout. Because
+The layout table (the layout the worker tables serve, :mod:`snowflake_db.worker._layout_record`)
+came later than the other two: ``create_snowflake_worker_layout_table`` is the migration that
+adds it to an existing install; the tables' first user then records its layout. Because
 ``create_snowflake_worker_tables`` now creates it too, a revision written before it existed and
 one written after can follow each other in either direction: the layout table alone is created
 with ``IF NOT EXISTS`` and dropped with ``IF EXISTS`` (PostgreSQL, MariaDB/MySQL and SQLite all
@@ -19,7 +19,7 @@ from alembic.operations.ops import CreateTableOp, DropTableOp
 from sqlalchemy import MetaData, Table
 from sqlalchemy.schema import CreateTable, DropTable
 
-from ...worker.schema import (
+from ...worker._schema import (
     DEFAULT_REGISTRATIONS_TABLE,
     DEFAULT_SLOTS_TABLE,
     WorkerTables,
@@ -30,7 +30,7 @@ from ._base import SnowflakeOp, operation
 
 @dataclasses.dataclass(eq=False)
 class _WorkerTablesOp(SnowflakeOp):
-    """Where the worker tables are (names as in :mod:`snowflake_db.worker.schema`)."""
+    """Where the worker tables are (names as in :mod:`snowflake_db.worker._schema`)."""
 
     _: dataclasses.KW_ONLY
     slots_table: str = DEFAULT_SLOTS_TABLE
@@ -50,7 +50,7 @@ class _WorkerTablesOp(SnowflakeOp):
 @dataclasses.dataclass(eq=False)
 class CreateSnowflakeWorkerTablesOp(_WorkerTablesOp):
     """Create the worker slots, registrations and layout tables exactly as
-    :mod:`snowflake_db.worker.schema` defines them (works offline too)."""
+    :mod:`snowflake_db.worker._schema` defines them (works offline too)."""
 
     def reverse(self) -> DropSnowflakeWorkerTablesOp:
         return self.carry(DropSnowflakeWorkerTablesOp)

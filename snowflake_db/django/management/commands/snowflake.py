@@ -12,7 +12,7 @@
 Leases are read and reaped by :class:`snowflake_db.worker.TableWorkerAllocator` itself,
 judged by the database clock, with the tables and options of ``SNOWFLAKE_DB`` (its layout and
 ``ALLOCATOR_OPTIONS``). ``check`` and ``doctor`` print what ``snowflake-db workers check`` and
-``snowflake-db doctor`` print (both come from :mod:`snowflake_db.worker.health`); they fail
+``snowflake-db doctor`` print (both come from :mod:`snowflake_db.worker._health`); they fail
 (exit status 1) when the lease cannot be taken or a problem is found. Slot rows are never
 deleted: they carry the high-water marks that make reusing a worker ID safe.
 """
@@ -189,7 +189,7 @@ class Command(BaseCommand):
         )
 
     def _check(self, alias: str | None) -> None:
-        from ....worker import health
+        from ....worker import _health as health
 
         allocator = self._allocator(alias)
         try:
@@ -204,7 +204,7 @@ class Command(BaseCommand):
         self, alias: str | None, *, tables: list[str], partitions_alias: str, as_json: bool
     ) -> None:
         from ....sharding.partitioning import partition_bounds
-        from ....worker import health
+        from ....worker import _health as health
 
         if partitions_alias not in connections:
             raise CommandError(

@@ -51,9 +51,10 @@ column              type               meaning
 ``pid``             INTEGER NULL       its process ID
 ==================  =================  ==========================================================
 
-Every process using the tables must use the recorded layout (:mod:`snowflake_db.worker.layouts`):
-two layouts sharing one slots table can issue the same 64-bit value from different slots. Tables
-without the row adopt the layout of the first process that leases from them.
+Every process using the tables must use the recorded layout
+(:mod:`snowflake_db.worker._layout_record`): two layouts sharing one slots table can issue the
+same 64-bit value from different slots. Tables without the row adopt the layout of the first
+process that leases from them.
 
 A slot is claimable when ``lease_token IS NULL OR expires_at_ms < <database now>``. Slot rows are
 never deleted (not even by ``snowflake-db workers reap``): the row carries the high-water mark that

@@ -22,9 +22,9 @@ from ..clock import Clock
 from ..errors import SnowflakeError
 from ..layout import Layout
 from ..metrics import SlotCounts
-from .allocator import TableWorkerAllocator
-from .clock_skew import ClockSkew
-from .layouts import RecordedLayout, describe_layout
+from ._allocator import TableWorkerAllocator
+from ._clock_skew import ClockSkew
+from ._layout_record import RecordedLayout, describe_layout
 
 __all__ = [
     "LAYOUT_WARNING_DAYS",
