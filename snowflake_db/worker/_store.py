@@ -36,6 +36,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from ..errors import WorkerLeaseError
+from ..metrics import SlotState
 from ._schema import (
     DEFAULT_REGISTRATIONS_TABLE,
     DEFAULT_SLOTS_TABLE,
@@ -105,23 +106,19 @@ class SlotRow:
     @property
     def reserved(self) -> bool:
         """A permanent reservation: held, with no expiry."""
-        return self.lease_token is not None and self.expires_at_ms is None
+        return self.state is SlotState.RESERVED
 
     @property
     def live(self) -> bool:
         """Held by a lease the database clock has not seen expire (or reserved)."""
-        if self.lease_token is None:
-            return False
-        return self.expires_at_ms is None or self.expires_at_ms >= self.db_now_ms
+        return self.state.held
 
     @property
-    def state(self) -> str:
-        """``free``, ``live``, ``expired`` or ``reserved``."""
-        if self.lease_token is None:
-            return "free"
-        if self.reserved:
-            return "reserved"
-        return "live" if self.live else "expired"
+    def state(self) -> SlotState:
+        """Its :class:`~snowflake_db.metrics.SlotState` at the time it was read."""
+        return SlotState.of(
+            lease_token=self.lease_token, expires_at_ms=self.expires_at_ms, now_ms=self.db_now_ms
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -406,7 +406,7 @@ def test_command_lists_and_reaps_leases(tx_backend: str) -> None:
         1: "live", 2: "expired", 3: "free", 4: "reserved"
     }
     table = _run("leases", "--database", tx_backend)
-    assert "web1:11" in table and "pg function" in table and "expired" in table
+    assert "web1  11" in table and "pg function" in table and "expired" in table
     assert "would reap 1 expired lease(s): 2" in _run("reap", "--dry-run", "--database", tx_backend)
     assert "reaped 1 expired lease(s): 2" in _run("reap", "--database", tx_backend)
     slot = WorkerSlot.objects.get(worker_id=2)
