@@ -14,9 +14,9 @@ judged by the database clock, with the tables and options of ``SNOWFLAKE_DB`` (i
 ``ALLOCATOR_OPTIONS``). The ``workers`` verbs are those of ``snowflake-db workers``, with the
 same JSON and table (:mod:`snowflake_db.worker._health`); ``leases``, ``reap`` and ``check``
 are their older spellings, kept as aliases. ``check`` and ``doctor`` print what
-``snowflake-db workers check`` and ``snowflake-db doctor`` print (both come from :mod:`snowflake_db.worker._health`); they fail
-(exit status 1) when the lease cannot be taken or a problem is found. Slot rows are never
-deleted: they carry the high-water marks that make reusing a worker ID safe.
+``snowflake-db workers check`` and ``snowflake-db doctor`` print; they fail (exit status 1)
+when the lease cannot be taken or a problem is found. Slot rows are never deleted: they carry
+the high-water marks that make reusing a worker ID safe.
 """
 
 from __future__ import annotations
