@@ -215,7 +215,7 @@ def test_doctor_on_missing_or_old_tables(any_db: ScratchDatabase) -> None:
         engine.dispose()
     line = _one_line_failure(_run("doctor", "--url", url), 1)
     assert "have no layout table (snowflake_worker_layout): they predate it" in line
-    assert "op.create_snowflake_worker_layout_table()" in line
+    assert "manage.py migrate snowflake_db" in line
 
 
 def test_doctor_warns_about_a_layout_running_out(sqlite_db: ScratchDatabase) -> None:

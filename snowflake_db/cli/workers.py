@@ -134,8 +134,9 @@ def _explain_missing_tables(
         return CommandError(
             f"the worker tables in {safe_url_text(allocator.url)} have no layout table "
             f"({tables.layout.name}): they predate it; add it with a migration "
-            "(op.create_snowflake_worker_layout_table(), or manage.py migrate snowflake_db), or "
-            "let the first application process (create_tables=True) create it"
+            "(manage.py migrate snowflake_db, or recreate them with "
+            "op.create_snowflake_worker_tables()), or let the first application process "
+            "(create_tables=True) create it"
         )
     return CommandError(
         f"no worker tables ({', '.join(missing)}) in {safe_url_text(allocator.url)}: no process "

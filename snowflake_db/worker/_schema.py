@@ -81,8 +81,6 @@ DEFAULT_LAYOUT_TABLE = "snowflake_worker_layout"
 LAYOUT_RECORD_ID = 1
 #: Length of the recorded layout's JSON text.
 LAYOUT_TEXT_LENGTH = 1000
-#: ``Table.info`` key of a layout table: the name of its slots table.
-LAYOUT_TABLE_INFO_KEY = "snowflake_db_layout_of"
 
 #: Length of the random lease token (hex characters).
 TOKEN_LENGTH = 32
@@ -207,7 +205,5 @@ def worker_tables(
         Column("hostname", String(NAME_LENGTH), nullable=True),
         Column("pid", Integer, nullable=True),
         schema=schema,
-        # Lets Alembic autogenerate write op.create_snowflake_worker_layout_table() for it.
-        info={LAYOUT_TABLE_INFO_KEY: slots_table},
     )
     return WorkerTables(slots, registrations, layout)
