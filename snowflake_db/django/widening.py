@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import connections, models
 
-from .columns import narrow_columns
+from .narrow_columns import narrow_columns
 
 __all__ = ["widen_columns", "widen_through_keys"]
 

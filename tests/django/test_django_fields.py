@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 import snowflake_db
 from snowflake_db import snowflake_default
 from snowflake_db.django import SnowflakeAutoField, SnowflakeField
-from snowflake_db.django.columns import require_wide_columns
+from snowflake_db.django.narrow_columns import require_wide_columns
 from snowflake_db.django.fields import EagerSnowflakeAutoField
 from tests.django.conftest import backends
 from tests.django_project.routers import use_alias
