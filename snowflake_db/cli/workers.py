@@ -17,10 +17,10 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..errors import AllocatorUnavailableError, CommandError
-from ..process import WORKER_URL_ENV
+from ..process import URL_FORMS, WORKER_URL_ENV
 from . import EXIT_FAILURE
 from .ids import add_layout_options, layout_from_args
-from .urls import URL_FORMS, require_sqlite_file, resolve_url
+from .urls import require_sqlite_file, resolve_url
 
 if TYPE_CHECKING:
     from ..worker import TableWorkerAllocator

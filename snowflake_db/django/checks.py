@@ -51,7 +51,6 @@ from django.utils.module_loading import import_string
 from ..clock import wall_clock
 from ..errors import SnowflakeError
 from ..process import WORKER_ID_ENV, WORKER_URL_ENV
-from .narrow_columns import NarrowColumn, narrow_columns, snowflake_models
 from .conf import SnowflakeSettings, get_settings
 from .fields import SnowflakeAutoField, is_snowflake_field
 from .key_columns import (
@@ -62,6 +61,7 @@ from .key_columns import (
     snowflake_keyed_models,
     unknown_declared_fields,
 )
+from .narrow_columns import NarrowColumn, narrow_columns, snowflake_models
 from .worker import README_SECTION
 
 APP_LABEL = "snowflake_db"

@@ -29,8 +29,8 @@ from ._django_callers import (
     bulk_create_handles_conflicts,
     conflict_insert_compiler,
 )
-from .narrow_columns import require_wide_columns
 from .instances import store, unset
+from .narrow_columns import require_wide_columns
 
 __all__ = [
     "EagerSnowflakeAutoField",

@@ -76,6 +76,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from ..errors import AllocatorUnavailableError, InvalidArgumentError, InvalidArgumentTypeError
+from ..process import URL_FORMS
 from . import _process_hooks
 from ._store import WorkerStore
 
@@ -272,11 +273,6 @@ def is_timeout(error: BaseException) -> bool:
 
 # -- URLs and the engine ---------------------------------------------------------------------
 
-#: The URL forms accepted, for messages.
-URL_FORMS = (
-    "postgresql://USER@HOST/DB (or postgres://), mysql:// or mariadb://USER@HOST/DB, "
-    "or sqlite:///PATH"
-)
 #: backend -> (driver modules in order of preference as (module, SQLAlchemy driver), extra)
 _DRIVERS = {
     "postgresql": ((("psycopg", "psycopg"), ("psycopg2", "psycopg2")), "postgres"),
@@ -290,35 +286,59 @@ APPLICATION_NAME = "snowflake_db worker leases"
 
 
 def to_url(url_or_engine: str | URL | Engine) -> URL:
-    """The URL of a string, URL or Engine (an Engine is used for its URL only)."""
+    """The URL of a string, URL or Engine (an Engine is used for its URL only); a string is
+    parsed by :func:`parse_url`."""
     if isinstance(url_or_engine, Engine):
         return url_or_engine.url
     if isinstance(url_or_engine, URL):
         return url_or_engine
     if isinstance(url_or_engine, str):
-        if not url_or_engine.strip():
-            raise InvalidArgumentError("the worker database URL is empty")
-        try:
-            url = make_url(url_or_engine.strip())
-        except Exception as error:
-            raise InvalidArgumentError(
-                f"cannot parse the worker database URL {safe_url_text(url_or_engine)!r}: {error}"
-            ) from None
-        return with_installed_driver(url)
+        return parse_url(url_or_engine, origin=_WORKER_ORIGIN)
     raise InvalidArgumentTypeError(
         "TableWorkerAllocator needs a database URL (str or sqlalchemy URL) or an Engine, "
         f"got {type(url_or_engine).__name__}"
     )
 
 
-def with_installed_driver(url: URL) -> URL:
+#: How the allocator's messages name its URL (the CLI names the option or variable instead).
+_WORKER_ORIGIN = "the worker database URL "
+
+
+def normalise_url(text: str, *, origin: str = "") -> URL:
+    """The one URL normaliser: ``text`` (a platform's ``DATABASE_URL`` or a SQLAlchemy URL)
+    parsed, with the installed driver named (:func:`with_installed_driver`) and refused when
+    it leaves the server or database to the driver's defaults (:func:`check_supported`).
+
+    Every refusal is an :class:`~snowflake_db.errors.InvalidArgumentError` beginning with
+    ``origin``, how the user gave the URL (``"--url "``, ``"SNOWFLAKE_WORKER_URL="``); the
+    CLI and the allocator print the same words.
+    """
+    url = parse_url(text, origin=origin)
+    check_supported(url, origin=origin, shown=safe_url_text(text))  # as the user wrote it
+    return url
+
+
+def parse_url(text: str, *, origin: str = "") -> URL:
+    """``text`` as a URL with the installed driver named, or an error naming it (password
+    hidden) after ``origin``."""
+    try:
+        url = make_url(text.strip())
+    except Exception:
+        shown = text if "@" not in text else safe_url_text(text)  # no password to hide
+        raise InvalidArgumentError(
+            f"{origin}{shown!r} is not a database URL; use {URL_FORMS}"
+        ) from None
+    return with_installed_driver(url, origin=origin)
+
+
+def with_installed_driver(url: URL, *, origin: str = "") -> URL:
     """``postgres://``, ``mysql://``, ``mariadb://`` (a platform's ``DATABASE_URL``) with the
     installed driver named, or an error naming the URL and what to install or write instead."""
     backend, _, driver = url.drivername.partition("+")
     backend = _BACKEND_ALIASES.get(backend, backend)
     if backend == "sqlite":
         return url
-    text = safe_url_text(url)
+    text = f"{origin}{safe_url_text(url)}"
     if backend not in _DRIVERS:
         raise InvalidArgumentError(f"{text}: unknown database {backend!r}; use {URL_FORMS}")
     candidates, extra = _DRIVERS[backend]
@@ -350,39 +370,39 @@ def safe_url_text(url: str | URL) -> str:
         return "<unparsable URL>"
 
 
-def check_supported(url: URL) -> None:
+def check_supported(url: URL, *, origin: str = _WORKER_ORIGIN, shown: str | None = None) -> None:
     """Refuse a URL that does not say which database holds the worker tables.
 
     Without a host (or socket) and a database name, drivers fall back to their defaults
     (libpq's ``PGHOST``/``PGDATABASE`` or local socket, MySQL's localhost): processes configured
     alike could lease from different tables, and their IDs collide. SQLite must be a file: an
     in-memory database is private to one connection, so its leases protect nothing.
+    ``shown`` is the URL as given (default: ``url``, password hidden).
     """
     missing = unnamed_part(url)
     if missing is None:
         return
-    text = safe_url_text(url)
+    text = f"{origin}{shown if shown is not None else safe_url_text(url)}"
     if missing == "file":
         raise InvalidArgumentError(
-            f"{text} is an in-memory SQLite database, private to one connection: leases "
-            "there protect nothing. Use a file (sqlite:///path/workers.db)"
+            f"{text} names no SQLite file; use sqlite:///PATH (in-memory SQLite is private to "
+            "one connection: leases there protect nothing)"
         )
     if missing == "host":
         raise InvalidArgumentError(
-            f"the worker database URL {text!r} names no host or socket, so the driver would "
-            "pick one from its defaults (environment, local socket); name it, e.g. "
-            "postgresql+psycopg://user@db.example.com/app or ...?host=/var/run/postgresql"
+            f"{text} names no host or socket; write it out (e.g. "
+            f"{url.get_backend_name()}://USER@127.0.0.1/DB, or ?host=/path/to/socket) rather "
+            "than relying on the driver's defaults"
         )
     raise InvalidArgumentError(
-        f"the worker database URL {text!r} names no database, so the driver would pick "
-        "one from its defaults (or none); add it, e.g. postgresql+psycopg://user@host/app"
+        f"{text} names no database; add /DBNAME after the host rather than relying on the "
+        "driver's defaults"
     )
 
 
 def unnamed_part(url: URL) -> Literal["file", "host", "database"] | None:
     """What ``url`` leaves to the driver's defaults: no SQLite ``file`` (in-memory), no
-    ``host`` (or socket), no ``database``; None when it names all. The one rule that
-    :func:`check_supported` and the CLI's URL check (with their own wording) apply."""
+    ``host`` (or socket), no ``database``; None when it names all."""
     if url.get_backend_name() == "sqlite":
         database = url.database or ""
         in_memory = (

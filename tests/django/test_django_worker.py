@@ -20,9 +20,9 @@ from django.test.utils import isolate_apps, override_settings
 
 import snowflake_db
 from snowflake_db.django import checks
-from snowflake_db.django.narrow_columns import narrow_columns
 from snowflake_db.django.conf import get_layout
 from snowflake_db.django.models import WorkerRegistration, WorkerSlot
+from snowflake_db.django.narrow_columns import narrow_columns
 from snowflake_db.django.worker import DjangoTableWorkerAllocator, configure_from_settings
 from tests.django.conftest import backends
 from tests.django_project.shop.models import Customer, Order
