@@ -29,10 +29,10 @@ from sqlalchemy import text
 
 from snowflake_db import DEFAULT_LAYOUT
 from snowflake_db.metrics import MetricsRecorder
-from snowflake_db.worker import TableLease, clock_skew
-from snowflake_db.worker.caller_renewal import CallerRenewal
-from snowflake_db.worker.keeper import LeaseKeeper
-from snowflake_db.worker.store import WorkerStore
+from snowflake_db.worker import TableLease
+from snowflake_db.worker import _clock_skew as clock_skew
+from snowflake_db.worker._renewer import LeaseRenewer
+from snowflake_db.worker._store import WorkerStore
 
 LEASE_LOG = """
 CREATE TABLE lease_log (
@@ -118,7 +118,7 @@ class RenewalTrace:
         """Record from now on (in this process only: call it in the forked load process)."""
         trace = self
         original_init, original_renewed = TableLease.__init__, TableLease.renewed
-        original_renew, original_update = LeaseKeeper.renew, WorkerStore.renew
+        original_renew, original_update = LeaseRenewer.renew, WorkerStore.renew
         original_measure, original_answered = clock_skew.measure, MetricsRecorder.renewal_answered
         local = threading.local()
 
@@ -157,7 +157,7 @@ class RenewalTrace:
             moment("answered")
             original_answered(recorder, *args, **kwargs)
 
-        def renew(keeper: LeaseKeeper, lease: TableLease) -> None:
+        def renew(renewer: LeaseRenewer, lease: TableLease) -> None:
             local.current = current = {
                 "thread": threading.current_thread().name,
                 "deadline": lease.valid_until,
@@ -165,24 +165,24 @@ class RenewalTrace:
             }
             current["called:cpu"], current["called:queued"] = _thread_times()
             try:
-                original_renew(keeper, lease)
+                original_renew(renewer, lease)
             finally:
                 local.current = None
                 trace.renewals.append(current)
 
-        original_wait = CallerRenewal.__call__
+        original_wait = LeaseRenewer.renew_for_caller
 
-        def wait(renewal: CallerRenewal, lease: TableLease) -> None:
+        def wait(renewer: LeaseRenewer, lease: TableLease) -> None:
             start = time.monotonic()
             try:
-                original_wait(renewal, lease)
+                original_wait(renewer, lease)
             finally:
                 trace.waits.append((start, time.monotonic()))
 
-        CallerRenewal.__call__ = wait  # type: ignore[method-assign,assignment]
+        LeaseRenewer.renew_for_caller = wait  # type: ignore[method-assign,assignment]
         TableLease.__init__ = init  # type: ignore[method-assign,assignment]
         TableLease.renewed = renewed  # type: ignore[method-assign,assignment]
-        LeaseKeeper.renew = renew  # type: ignore[method-assign,assignment]
+        LeaseRenewer.renew = renew  # type: ignore[method-assign,assignment]
         WorkerStore.renew = update  # type: ignore[method-assign,assignment]
         clock_skew.measure = measure
         MetricsRecorder.renewal_answered = answered  # type: ignore[method-assign,assignment]

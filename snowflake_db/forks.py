@@ -18,9 +18,21 @@ A child forked without the hooks also inherits the interpreter's GIL in whatever
 parent's other threads left it: a thread that was waiting for it at the fork leaves a waiter
 that will never wake, and the first thread the child starts can deadlock with the main one on
 that condition variable, or the child's first I/O can block for ever. So the first call in
-such a child runs CPython's own after-fork repair when it is safe (:mod:`.fork_repair`: one OS
+such a child runs CPython's own after-fork repair when it is safe (:func:`repair`: one OS
 thread), which runs the fork hooks too; where it is not, the process never starts a thread of
 ours (:func:`threads_allowed`) and its leases are renewed by their callers instead.
+
+**The repair.** A fork made from C skips ``PyOS_AfterFork_Child``, which re-creates the GIL and
+the interpreter's locks and runs the ``os.register_at_fork`` hooks. The child then inherits the
+GIL's mutex and condition variables as the parent's other threads left them: with a thread
+waiting for the GIL at the fork (a heartbeat, any busy thread), the condition variable keeps a
+waiter that no longer exists, and the child's first release of the GIL (any I/O, such as a
+database call) can block for ever in ``pthread_cond_signal``. :func:`repair` runs that function
+itself, if it is safe: CPython on Linux, exactly one OS thread in the process (the function
+forgets every other thread), and the import lock not held. Everything it needs is resolved in
+the parent at import, and the thread count is read through libc with the GIL held, because
+releasing the GIL is what can hang. Where it cannot run, the library starts no thread in the
+child (:func:`threads_allowed`).
 """
 
 from __future__ import annotations
@@ -30,8 +42,8 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 
-from . import fork_repair
 from .errors import SnowflakeError
 
 #: madvise(2) advice number on Linux, for Pythons whose ``mmap`` module lacks the name.
@@ -94,7 +106,7 @@ def reset_if_forked() -> None:
     else one system call."""
     if WIPED_ON_FORK and ready[0]:
         return  # the kernel clears the byte in every child: this process's reset has run
-    if os.getpid() != _pid and not fork_repair.repair():  # repaired: the hook has just run
+    if os.getpid() != _pid and not repair():  # repaired: the hook has just run
         _reset(hooks=False)
 
 
@@ -133,3 +145,65 @@ def _reset(*, hooks: bool = True) -> None:
 
 
 os.register_at_fork(after_in_child=_reset)
+
+
+# -- CPython's own after-fork repair ---------------------------------------------------------
+
+_STATUS = b"/proc/self/status"
+_THREADS = b"\nThreads:"
+
+
+def _resolve() -> tuple[Callable[[], Any], Any] | None:
+    """``PyOS_AfterFork_Child`` and libc, both called with the GIL held (``PyDLL``)."""
+    if sys.implementation.name != "cpython" or not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.pythonapi  # dlopen(NULL): the interpreter and libc, GIL held in calls
+        after_fork = libc.PyOS_AfterFork_Child
+        after_fork.restype = None
+        after_fork.argtypes = []
+        buffer = ctypes.create_string_buffer(4096)
+        libc.open.restype = libc.read.restype = libc.close.restype = ctypes.c_int
+    except (ImportError, AttributeError, OSError):
+        return None
+    return after_fork, (libc, buffer)
+
+
+_resolved = _resolve()
+
+
+def _os_threads(libc: Any, buffer: Any) -> int | None:
+    """The process's OS threads, from ``/proc/self/status``, without releasing the GIL."""
+    fd = libc.open(_STATUS, os.O_RDONLY)
+    if fd < 0:
+        return None
+    try:
+        count = libc.read(fd, buffer, len(buffer) - 1)
+    finally:
+        libc.close(fd)
+    if count <= 0:
+        return None
+    text = buffer.raw[:count]
+    at = text.find(_THREADS)
+    if at < 0:
+        return None
+    digits = text[at + len(_THREADS) :].split(b"\n", 1)[0].strip()
+    return int(digits) if digits.isdigit() else None
+
+
+def repair() -> bool:
+    """Run CPython's after-fork repair (and with it every fork hook) now if that is safe;
+    False when it cannot (then no hook ran)."""
+    if _resolved is None:
+        return False
+    after_fork, (libc, buffer) = _resolved
+    if _os_threads(libc, buffer) != 1:
+        return False
+    import _imp  # built in, already imported: no file is read
+
+    if _imp.lock_held():
+        return False
+    after_fork()
+    return True

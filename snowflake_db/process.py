@@ -30,6 +30,11 @@ from .lease import WorkerAllocator
 WORKER_ID_ENV = "SNOWFLAKE_WORKER_ID"
 #: Environment variable holding a database URL for a :class:`TableWorkerAllocator`.
 WORKER_URL_ENV = "SNOWFLAKE_WORKER_URL"
+#: The URL forms accepted (``snowflake_db.worker``'s URL normaliser), for messages and ``--help``.
+URL_FORMS = (
+    "postgresql://USER@HOST/DB (or postgres://), mysql:// or mariadb://USER@HOST/DB, "
+    "or sqlite:///PATH"
+)
 #: Entry-point group of allocator factories (a callable taking the URL); ``table`` serves
 #: ``SNOWFLAKE_WORKER_URL``.
 ALLOCATOR_ENTRY_POINTS = "snowflake_db.allocators"

@@ -31,7 +31,7 @@ from .errors import SignalHandlersError
 _Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 
 #: Longest wait for the release before the signal goes on: a connect and one statement, each
-#: bounded by the allocator (snowflake_db.worker.timeouts: at most 10 s).
+#: bounded by the allocator (snowflake_db.worker._engine: at most 10 s).
 RELEASE_WAIT_SECONDS = 15.0
 
 _release_hooks: list[Callable[[], None]] = []

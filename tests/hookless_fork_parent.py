@@ -34,7 +34,7 @@ from typing import Any
 
 import snowflake_db
 from snowflake_db import forks
-from snowflake_db.worker import TableLease, TableWorkerAllocator, forking, sqlite_fork_gate
+from snowflake_db.worker import TableLease, TableWorkerAllocator, _process_hooks
 
 #: libc's fork() holding the GIL, as a C server (uWSGI) forks: no Python fork hook runs.
 LIBC_FORK = ctypes.PyDLL(None, use_errno=True).fork
@@ -62,7 +62,7 @@ def _os_threads() -> int:
 def _child(out: Path) -> None:
     # Read before the library's first call repairs this process: SQLite calls of the parent's
     # threads (its heartbeat's renewal) under way at the fork.
-    report: dict[str, Any] = {"forked_mid_sqlite_call": sqlite_fork_gate._calls > 0}
+    report: dict[str, Any] = {"forked_mid_sqlite_call": _process_hooks._calls > 0}
     try:
         generator = snowflake_db.get_generator()
         ids = array("q", (snowflake_db.snowflake_default() for _ in range(200)))
@@ -92,7 +92,7 @@ def _child(out: Path) -> None:
             caller_renewals=lease.caller_renewals,
             os_threads=_os_threads(),
         )
-        forking._at_exit()  # what a clean exit runs: release this child's slot
+        _process_hooks._at_exit()  # what a clean exit runs: release this child's slot
         out.with_suffix(".ids").write_bytes(ids.tobytes())
     except BaseException:
         report["error"] = traceback.format_exc()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import create_engine, text
 
 from snowflake_db import SnowflakeError, SnowflakeGenerator
-from snowflake_db.worker.connection import APPLICATION_NAME
+from snowflake_db.worker._engine import APPLICATION_NAME
 
 from .plugins.databases import ScratchDatabase, server_url
 

@@ -21,7 +21,7 @@ from snowflake_db.alembic import (
     DropSnowflakeIdFunctionOp,
 )
 from snowflake_db.sqlalchemy import snowflake_column, snowflake_fk_column
-from snowflake_db.worker.schema import worker_tables
+from snowflake_db.worker import worker_tables
 
 from .alembic_support import converted_models, make_project, project_with_orders, write_revision
 from .plugins.databases import ScratchDatabase

@@ -18,7 +18,7 @@ import snowflake_db
 import snowflake_db.alembic
 from snowflake_db import Layout
 from snowflake_db.alembic import _pg_function
-from snowflake_db.worker.schema import worker_tables
+from snowflake_db.worker import worker_tables
 
 from .alembic_support import project_with_orders, write_revision
 from .plugins.databases import ScratchDatabase

@@ -4,7 +4,7 @@ of a parent whose heartbeat renews a short lease while another thread keeps the 
 Such a child inherits the GIL's condition variables with a waiter that no longer exists; before
 the fix, 10 of this parent's 16 children hung for ever at their first ID (starting the heartbeat
 thread, or at the first database call). The child's first call now runs CPython's after-fork repair
-(``snowflake_db.fork_repair``); where that cannot run, the library starts no thread and the
+(``snowflake_db.forks``); where that cannot run, the library starts no thread and the
 lease is renewed by its callers. Every child must finish within its deadline: none may hang.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import snowflake_db
-from snowflake_db import SnowflakeError, fork_repair, forks
+from snowflake_db import SnowflakeError, forks
 from snowflake_db.worker import TableLease
 
 from .core_support import run_in_fork
@@ -112,7 +112,7 @@ def test_a_child_that_cannot_be_repaired_starts_no_thread_and_its_callers_renew(
     """Where CPython's repair cannot run (another OS thread, another interpreter), the child
     runs no heartbeat: each call that finds the lease due renews it inline, so IDs flow for
     several lease lengths and after an idle spell longer than the lease, with no thread."""
-    monkeypatch.setattr(fork_repair, "_resolved", None)
+    monkeypatch.setattr(forks, "_resolved", None)
     alloc = allocator(any_db, lease_seconds=RENEWING_LEASE_S)
     generator = snowflake_db.configure(allocator=alloc)
     try:

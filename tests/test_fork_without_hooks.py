@@ -35,7 +35,7 @@ from snowflake_db import (
     forks,
 )
 from snowflake_db.testing import FakeClock
-from snowflake_db.worker import TableLease, TableWorkerAllocator, forking
+from snowflake_db.worker import TableLease, TableWorkerAllocator, _process_hooks
 
 from .core_support import FakeAllocator, error_report, run_in_fork
 from .hookless_fork_support import LIBC_FORK, settle_threads
@@ -301,7 +301,7 @@ def test_hookless_child_leases_its_own_slot_on_its_own_connections_and_renews(
                 "inherited_state": inherited.state if isinstance(inherited, TableLease) else None,
                 "statements": [entry for entry in statements if entry[0] == os.getpid()],
             }
-            forking._at_exit()  # what a clean exit runs: release this child's own slot only
+            _process_hooks._at_exit()  # what a clean exit runs: release this child's own slot only
             return report
 
         outcome = run_in_fork(child, fork=LIBC_FORK)
@@ -339,7 +339,7 @@ def _issue_in_hookless_child(out: Path, generator: SnowflakeGenerator, count: in
         live = _window_live(generator)  # the parent's copied window, before the first call
         ids = array("q", (snowflake_db.snowflake_default() for _ in range(count)))
         report = {"live": live, "worker": generator.worker_id}
-        forking._at_exit()
+        _process_hooks._at_exit()
         out.with_suffix(".ids").write_bytes(ids.tobytes())
         out.with_suffix(".json").write_text(json.dumps(report))
     except BaseException:
@@ -431,7 +431,7 @@ def test_hookless_child_exit_hook_never_closes_the_parents_connections(
 
         def child() -> float:
             started = time.monotonic()
-            forking._at_exit()
+            _process_hooks._at_exit()
             return time.monotonic() - started
 
         exit_seconds = run_in_fork(child, fork=LIBC_FORK)["result"]

@@ -77,7 +77,7 @@ def test_sqlite_and_named_drivers_are_kept() -> None:
 @pytest.mark.parametrize(("url", "expected"), [
     ("oracle://scott:tiger@h/db", "oracle://scott:***@h/db: unknown database 'oracle'"),
     ("postgresql+nosuchdriver://u:pw@h/db", "SQLAlchemy knows no postgresql driver"),
-    ("not a url", "'not a url' is not a database URL; use postgres://"),
+    ("not a url", "'not a url' is not a database URL; use postgresql://"),
     ("::bad::@secret", "'<unparsable URL>' is not a database URL"),
 ])
 def test_bad_urls_name_the_url_without_its_password(url: str, expected: str) -> None:

@@ -24,7 +24,7 @@ from sqlalchemy import event
 
 from snowflake_db import LeaseExpiredError, SnowflakeGenerator
 from snowflake_db.worker import TableLease
-from snowflake_db.worker.keeper import LeaseKeeper
+from snowflake_db.worker._renewer import LeaseRenewer
 
 from .outage_support import STEADY_LEASE_SECONDS
 from .plugins.databases import ScratchDatabase
@@ -79,17 +79,17 @@ def test_a_clock_comparison_that_waits_holds_no_renewal_back(
     turn, so callers renew in the meantime and never fence. Before, it ran inside the turn, and
     callers waiting on that "running renewal" fenced at the deadline (the SQLite outage test in
     test_metrics_leases saw no renewal go through the outage for that reason)."""
-    compare = LeaseKeeper.compare_clocks
+    compare = LeaseRenewer.compare_clocks
     stalled = threading.Event()
     release = threading.Event()
 
-    def stall_the_heartbeats_first(keeper: LeaseKeeper, lease: TableLease) -> None:
+    def stall_the_heartbeats_first(keeper: LeaseRenewer, lease: TableLease) -> None:
         if threading.current_thread().name == "snowflake_db-heartbeat" and not stalled.is_set():
             stalled.set()
             release.wait(30)
         compare(keeper, lease)
 
-    monkeypatch.setattr(LeaseKeeper, "compare_clocks", stall_the_heartbeats_first)
+    monkeypatch.setattr(LeaseRenewer, "compare_clocks", stall_the_heartbeats_first)
     with allocator(any_db, lease_seconds=STEADY_LEASE_SECONDS) as alloc:
         gen = SnowflakeGenerator(allocator=alloc)
         gen.ensure_worker()

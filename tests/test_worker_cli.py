@@ -226,9 +226,9 @@ def test_bad_url_in_the_environment_names_the_variable() -> None:
                             capture_output=True, text=True, env=env, timeout=60, check=False)
     assert result.returncode == 2
     assert result.stderr == (
-        "snowflake-db workers: error: SNOWFLAKE_WORKER_URL=postgres:///control names no host; "
-        "write it out (e.g. postgresql://USER@127.0.0.1/DB) rather than relying on the "
-        "driver's defaults\n"
+        "snowflake-db workers: error: SNOWFLAKE_WORKER_URL=postgres:///control names no host or "
+        "socket; write it out (e.g. postgresql://USER@127.0.0.1/DB, or ?host=/path/to/socket) "
+        "rather than relying on the driver's defaults\n"
     )
 
 

@@ -18,7 +18,7 @@ from snowflake_db import (
     SnowflakeGenerator,
 )
 from snowflake_db.worker import TableLease
-from snowflake_db.worker.clock_skew import DEFAULT_CLOCK_SKEW_WARNING_MS
+from snowflake_db.worker._clock_skew import DEFAULT_CLOCK_SKEW_WARNING_MS
 
 from .plugins.databases import ScratchDatabase
 from .worker_support import OffsetClock, allocator, read_slots

@@ -201,7 +201,7 @@ def test_billiard_process_child_releases_its_slot_as_it_ends(
 
 def test_billiard_is_never_imported_by_the_library() -> None:
     code = (
-        "import sys, snowflake_db, snowflake_db.worker, snowflake_db.worker.forking; "
+        "import sys, snowflake_db, snowflake_db.worker, snowflake_db.worker._process_hooks; "
         "print('billiard' in sys.modules)"
     )
     output = subprocess.run(

@@ -18,8 +18,7 @@ from sqlalchemy import create_engine, func, select, update
 
 from snowflake_db import Layout, MonotonicClock
 from snowflake_db.sharding import partitioning
-from snowflake_db.worker import worker_tables
-from snowflake_db.worker.schema import DEFAULT_SLOTS_TABLE
+from snowflake_db.worker import DEFAULT_SLOTS_TABLE, worker_tables
 
 from .plugins.databases import ScratchDatabase
 from .worker_support import (
@@ -221,7 +220,7 @@ def test_doctor_on_missing_or_old_tables(any_db: ScratchDatabase) -> None:
         engine.dispose()
     line = _one_line_failure(_run("doctor", "--url", url), 1)
     assert "have no layout table (snowflake_worker_layout): they predate it" in line
-    assert "op.create_snowflake_worker_layout_table()" in line
+    assert "manage.py migrate snowflake_db" in line
 
 
 def test_doctor_warns_about_a_layout_running_out(sqlite_db: ScratchDatabase) -> None:

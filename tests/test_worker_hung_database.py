@@ -1,6 +1,6 @@
 """A control database that answers nothing within the bound: another connection holds a lock
 on the slots table. Acquisition must raise ``AllocatorUnavailableError`` within the documented
-bound (``snowflake_db.worker.timeouts``: a third of the lease, 1 to 10 s per statement; SQLite's
+bound (``snowflake_db.worker._engine``: a third of the lease, 1 to 10 s per statement; SQLite's
 busy timeout at least 5 s), however
 long the lock is held, on PostgreSQL (``LOCK TABLE``), MariaDB (``LOCK TABLES ... WRITE``) and
 SQLite (``BEGIN EXCLUSIVE``); a lock released within the bound (a slow database that answers)
@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, event
 
 from snowflake_db import AllocatorUnavailableError, SnowflakeGenerator
 from snowflake_db.worker import TableLease, TableWorkerAllocator
-from snowflake_db.worker.timeouts import MIN_CONNECT_SECONDS, bound_seconds
+from snowflake_db.worker._engine import MIN_CONNECT_SECONDS, bound_seconds
 
 from .plugins.databases import ScratchDatabase
 from .plugins.scheduler_delay import SchedulerDelay

@@ -26,9 +26,9 @@ from snowflake_db import (
 )
 from snowflake_db.layout import LAYOUT_FIELDS
 from snowflake_db.worker import TableWorkerAllocator, worker_tables
-from snowflake_db.worker.layouts import ensure_layout, layout_text
-from snowflake_db.worker.schema import layout_table_name
-from snowflake_db.worker.store import WorkerStore
+from snowflake_db.worker._layout_record import ensure_layout, layout_text
+from snowflake_db.worker._schema import layout_table_name
+from snowflake_db.worker._store import WorkerStore
 
 from .plugins.databases import ScratchDatabase
 from .worker_support import allocator, read_slots

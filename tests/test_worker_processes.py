@@ -28,9 +28,9 @@ from snowflake_db import (
     SnowflakeGenerator,
     WorkerIdExhaustedError,
 )
-from snowflake_db.worker import TableLease, TableWorkerAllocator, forking
-from snowflake_db.worker.store import db_now_ms
-from snowflake_db.worker.timeouts import idle_transaction_seconds
+from snowflake_db.worker import TableLease, TableWorkerAllocator, _process_hooks
+from snowflake_db.worker._engine import idle_transaction_seconds
+from snowflake_db.worker._store import db_now_ms
 
 from .outage_support import STEADY_LEASE_SECONDS
 from .plugins.databases import ScratchDatabase
@@ -355,7 +355,7 @@ def _forked_worker(out: Path) -> None:
         gen = snowflake_db.get_generator()
         lease = _lease(gen)
         payload = {"worker": gen.worker_id, "token": lease.token, "ids": ids}
-        forking._at_exit()  # what a clean exit runs: release this child's own slot only
+        _process_hooks._at_exit()  # what a clean exit runs: release this child's own slot only
         out.write_text(json.dumps(payload))
     except BaseException:
         out.write_text(json.dumps({"error": traceback.format_exc()}))
@@ -509,7 +509,7 @@ def test_forked_child_never_uses_or_closes_inherited_connections(
             try:
                 gen.next_id()  # leases its own worker ID on a fresh connection
                 report = {"backend": _backend_id(alloc, backend), "worker": gen.worker_id}
-                forking._at_exit()  # closes the child's pool: must not close the parent's
+                _process_hooks._at_exit()  # closes the child's pool: must not close the parent's
                 out.write_text(json.dumps(report))
             except BaseException:
                 out.write_text(json.dumps({"error": traceback.format_exc()}))

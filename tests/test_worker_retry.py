@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from snowflake_db.worker.retry import retry
+from snowflake_db.worker._engine import retry
 
 
 def test_retries_until_success_within_the_bound() -> None:

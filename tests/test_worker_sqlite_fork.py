@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from snowflake_db.worker import sqlite_fork_gate
-from snowflake_db.worker.connection import make_engine
+from snowflake_db.worker import _process_hooks
+from snowflake_db.worker._engine import make_engine
 
 from .core_support import run_in_fork
 from .plugins.databases import ScratchDatabase
@@ -63,7 +63,7 @@ def test_a_fork_waits_for_sqlite_calls_under_way(sqlite_db: ScratchDatabase) -> 
 def test_a_fork_waits_at_most_fork_wait_s(
     sqlite_db: ScratchDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_fork_gate, "FORK_WAIT_S", 0.3)
+    monkeypatch.setattr(_process_hooks, "FORK_WAIT_S", 0.3)
     engine = make_engine(sqlite_db.url, timeout_seconds=5)
     try:
         thread, checked_in = _hold_a_connection(engine, 3.0)

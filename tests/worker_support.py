@@ -11,7 +11,7 @@ from sqlalchemy.engine import URL
 
 from snowflake_db import MonotonicClock
 from snowflake_db.worker import TableWorkerAllocator
-from snowflake_db.worker.store import SlotRow, WorkerStore, db_now_ms
+from snowflake_db.worker._store import SlotRow, WorkerStore, db_now_ms
 
 from .plugins.databases import ScratchDatabase
 

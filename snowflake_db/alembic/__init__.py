@@ -1,7 +1,6 @@
 """Alembic operations for Snowflake keys: ``import snowflake_db.alembic`` in ``env.py``.
 
 Registers ``op.create_snowflake_worker_tables``, ``op.drop_snowflake_worker_tables``,
-``op.create_snowflake_worker_layout_table``, ``op.drop_snowflake_worker_layout_table``,
 ``op.convert_to_snowflake_pk``, ``op.revert_snowflake_pk``, ``op.create_snowflake_id_function``,
 ``op.drop_snowflake_id_function`` and, for PostgreSQL partitioned order tables,
 ``op.create_shard_partitioned_table``, ``op.create_time_partitioned_table`` and
@@ -18,12 +17,10 @@ from .operations import (
     CreateShardedOrdersOp,
     CreateShardPartitionedTableOp,
     CreateSnowflakeIdFunctionOp,
-    CreateSnowflakeWorkerLayoutTableOp,
     CreateSnowflakeWorkerTablesOp,
     CreateTimePartitionedTableOp,
     DropShardedOrdersOp,
     DropSnowflakeIdFunctionOp,
-    DropSnowflakeWorkerLayoutTableOp,
     DropSnowflakeWorkerTablesOp,
     RevertSnowflakePkOp,
 )
@@ -34,12 +31,10 @@ __all__ = [
     "CreateShardPartitionedTableOp",
     "CreateShardedOrdersOp",
     "CreateSnowflakeIdFunctionOp",
-    "CreateSnowflakeWorkerLayoutTableOp",
     "CreateSnowflakeWorkerTablesOp",
     "CreateTimePartitionedTableOp",
     "DropShardedOrdersOp",
     "DropSnowflakeIdFunctionOp",
-    "DropSnowflakeWorkerLayoutTableOp",
     "DropSnowflakeWorkerTablesOp",
     "RevertSnowflakePkOp",
     "SnowflakeMigrationError",

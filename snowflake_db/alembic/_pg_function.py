@@ -24,7 +24,7 @@ from sqlalchemy import text
 from ..errors import InvalidArgumentError
 from ..generator import DEFAULT_ROLLBACK_TOLERANCE_MS
 from ..layout import Layout
-from ..worker.schema import NAME_LENGTH, validate_identifier
+from ..worker._schema import NAME_LENGTH, validate_identifier
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection

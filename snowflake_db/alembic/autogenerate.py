@@ -1,6 +1,5 @@
 """Autogenerate helpers: the worker tables stay out of the diff, a model switched to the
-Snowflake column helpers becomes ``op.convert_to_snowflake_pk`` instead of a bare type change,
-and a missing worker layout table becomes ``op.create_snowflake_worker_layout_table()``.
+Snowflake column helpers becomes ``op.convert_to_snowflake_pk`` instead of a bare type change.
 
 A bare ``alter_column(type_=BigInteger)`` widens the key but keeps its sequence / identity /
 ``AUTO_INCREMENT`` and, on MariaDB, fails on the foreign keys that reference it.
@@ -15,13 +14,12 @@ from sqlalchemy import BigInteger, Integer, MetaData
 from sqlalchemy import inspect as sa_inspect
 
 from ..sqlalchemy.columns import is_snowflake_column
-from ..worker.schema import (
+from ..worker._schema import (
     DEFAULT_LAYOUT_TABLE,
     DEFAULT_REGISTRATIONS_TABLE,
     DEFAULT_SLOTS_TABLE,
-    LAYOUT_TABLE_INFO_KEY,
 )
-from .operations import ConvertToSnowflakePkOp, CreateSnowflakeWorkerLayoutTableOp
+from .operations import ConvertToSnowflakePkOp
 
 if TYPE_CHECKING:
     from alembic.migration import MigrationContext
@@ -152,19 +150,6 @@ def _is_noop(op: ops.MigrateOperation) -> bool:
     )
 
 
-def _rewrite_layout_tables(upgrade_ops: ops.UpgradeOps) -> bool:
-    """A worker layout table to create (an install from before it) becomes the registered
-    operation, which creates it ``IF NOT EXISTS`` and reverses to its own drop."""
-    changed = False
-    for index, op in enumerate(upgrade_ops.ops):
-        if isinstance(op, ops.CreateTableOp) and LAYOUT_TABLE_INFO_KEY in op.info:
-            upgrade_ops.ops[index] = CreateSnowflakeWorkerLayoutTableOp(
-                slots_table=op.info[LAYOUT_TABLE_INFO_KEY], schema=op.schema
-            )
-            changed = True
-    return changed
-
-
 def process_revision_directives(
     context: MigrationContext, revision: Any, directives: list[Any]
 ) -> None:
@@ -183,6 +168,5 @@ def process_revision_directives(
         for upgrade_ops, downgrade_ops in zip(
             script.upgrade_ops_list, script.downgrade_ops_list, strict=False
         ):
-            converted = _rewrite(upgrade_ops, metadata, context.bind)
-            if _rewrite_layout_tables(upgrade_ops) or converted:
+            if _rewrite(upgrade_ops, metadata, context.bind):
                 upgrade_ops.reverse_into(downgrade_ops)

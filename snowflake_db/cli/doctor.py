@@ -5,7 +5,7 @@ against the control database, the worker IDs by state and, with ``--partitioned-
 ahead the time partitions reach. Exit status 0 when nothing is wrong (warnings allowed), 1 with
 the problems listed (or one line when the database cannot be read), 2 for a mistake in the
 command line (as every command: see :mod:`snowflake_db.cli`). The report itself is
-:mod:`snowflake_db.worker.health`'s, shared with ``manage.py snowflake doctor``.
+:mod:`snowflake_db.worker._health`'s, shared with ``manage.py snowflake doctor``.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from ..worker import health
+    from ..worker import _health as health
 
     layout = layout_from_args(args)
     partitions_url = (

@@ -17,53 +17,25 @@ from ..errors import CommandError, InvalidArgumentError
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
 
-#: Shown in ``--help`` and in every refusal (the CLI must start without SQLAlchemy installed).
-URL_FORMS = (
-    "postgresql://USER@HOST/DB (or postgres://), mysql:// or mariadb://USER@HOST/DB, "
-    "or sqlite:///PATH"
-)
-
 
 def resolve_url(text: str, origin: str) -> URL:
     """The SQLAlchemy URL to connect to, or a :class:`CommandError` naming ``origin``.
 
     ``origin`` is how the user gave it, written before the URL in messages (``"--url "`` or
-    ``"SNOWFLAKE_WORKER_URL="``).
+    ``"SNOWFLAKE_WORKER_URL="``). The refusals are the allocator's own (one URL normaliser,
+    :func:`snowflake_db.worker._engine.normalise_url`).
     """
     try:
-        from sqlalchemy.engine import make_url
+        from ..worker._engine import normalise_url
     except ImportError:
         raise CommandError(
             "this command needs SQLAlchemy and a driver: pip install 'snowflake-db[postgres]' "
             "(or [mysql])"
         ) from None
     try:
-        url = make_url(text.strip())
-    except Exception:
-        raise CommandError(f"{origin}{text!r} is not a database URL; use {URL_FORMS}") from None
-    from ..worker.connection import unnamed_part, with_installed_driver
-
-    shown = url.render_as_string(hide_password=True)
-    if url.get_backend_name() != "sqlite":
-        try:
-            url = with_installed_driver(url)
-        except InvalidArgumentError as error:
-            raise CommandError(f"{origin}{error}") from None
-    missing = unnamed_part(url)
-    if missing == "file":
-        raise CommandError(
-            f"{origin}{shown} names no SQLite file; use sqlite:///PATH (an in-memory "
-            "database is private to one connection)"
-        )
-    if missing == "host":
-        raise CommandError(
-            f"{origin}{shown} names no host; write it out (e.g. "
-            f"{url.get_backend_name()}://USER@127.0.0.1/DB) rather than relying on the "
-            "driver's defaults"
-        )
-    if missing == "database":
-        raise CommandError(f"{origin}{shown} names no database; add /DBNAME after the host")
-    return url
+        return normalise_url(text, origin=origin)
+    except InvalidArgumentError as error:
+        raise CommandError(str(error)) from None
 
 
 def require_sqlite_file(url: URL, origin: str, hint: str = "") -> None:

@@ -14,17 +14,16 @@ import argparse
 import json
 import os
 import sys
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import AllocatorUnavailableError, CommandError
-from ..process import WORKER_URL_ENV
+from ..process import URL_FORMS, WORKER_URL_ENV
 from . import EXIT_FAILURE
 from .ids import add_layout_options, layout_from_args
-from .urls import URL_FORMS, require_sqlite_file, resolve_url
+from .urls import require_sqlite_file, resolve_url
 
 if TYPE_CHECKING:
-    from ..worker import SlotRow, TableWorkerAllocator
+    from ..worker import TableWorkerAllocator
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -120,7 +119,7 @@ def _explain_missing_tables(
     """A database without the worker tables: say where they come from (not an API option)."""
     from sqlalchemy import inspect
 
-    from ..worker.connection import safe_url_text
+    from ..worker._engine import safe_url_text
 
     tables = allocator.store.tables
     try:
@@ -135,8 +134,9 @@ def _explain_missing_tables(
         return CommandError(
             f"the worker tables in {safe_url_text(allocator.url)} have no layout table "
             f"({tables.layout.name}): they predate it; add it with a migration "
-            "(op.create_snowflake_worker_layout_table(), or manage.py migrate snowflake_db), or "
-            "let the first application process (create_tables=True) create it"
+            "(manage.py migrate snowflake_db, or recreate them with "
+            "op.create_snowflake_worker_tables()), or let the first application process "
+            "(create_tables=True) create it"
         )
     return CommandError(
         f"no worker tables ({', '.join(missing)}) in {safe_url_text(allocator.url)}: no process "
@@ -146,32 +146,6 @@ def _explain_missing_tables(
     )
 
 
-def _iso(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
-
-
-def _as_dict(row: SlotRow) -> dict[str, Any]:
-    expires_in = None
-    if row.expires_at_ms is not None and row.lease_token is not None:
-        expires_in = round((row.expires_at_ms - row.db_now_ms) / 1000, 3)
-    return {
-        "worker_id": row.worker_id,
-        "state": row.state,
-        "registration_id": row.registration_id,
-        "hostname": row.hostname,
-        "pid": row.pid,
-        "label": row.label,
-        "acquired_at": _iso(row.acquired_at_ms),
-        "renewed_at": _iso(row.renewed_at_ms),
-        "expires_at": _iso(row.expires_at_ms),
-        "expires_in_seconds": expires_in,
-        "high_water_ms": row.high_water_ms,
-        "high_water": _iso(row.high_water_ms) if row.high_water_ms > 0 else None,
-    }
-
-
 def fail(command: str, message: object) -> int:
     """The database let a well-formed command down: one line on stderr, exit status 1."""
     print(f"snowflake-db {command}: {' '.join(str(message).split())}", file=sys.stderr)
@@ -179,6 +153,8 @@ def fail(command: str, message: object) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from ..worker import _health as health
+
     allocator = _allocator(args)
     try:
         rows = allocator.workers()
@@ -186,33 +162,11 @@ def _list(args: argparse.Namespace) -> int:
         return fail("workers list", _explain_missing_tables(allocator, error))
     finally:
         allocator.close()
-    records = [_as_dict(row) for row in rows]
+    records = health.slot_records(rows)
     if args.json:
         print(json.dumps(records, indent=2))
-        return 0
-    if not records:
-        print("no worker slots in use")
-        return 0
-    headers = ("worker", "state", "holder", "host", "pid", "expires", "in s", "high-water mark")
-    table = [
-        (
-            str(record["worker_id"]),
-            record["state"],
-            "-" if record["state"] == "free" else record["label"] or str(record["registration_id"]),
-            record["hostname"] or "-",
-            str(record["pid"] or "-"),
-            record["expires_at"] or ("never" if record["state"] == "reserved" else "-"),
-            "-" if record["expires_in_seconds"] is None else f"{record['expires_in_seconds']:.1f}",
-            record["high_water"] or "-",
-        )
-        for record in records
-    ]
-    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
-    for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    live = sum(1 for r in records if r["state"] in ("live", "reserved"))
-    print(f"{len(records)} slot(s), {live} live or reserved")
+    else:
+        print("\n".join(health.slot_table(records)))
     return 0
 
 
@@ -241,7 +195,7 @@ def _reap(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ..worker import health
+    from ..worker import _health as health
 
     layout = layout_from_args(args)
     allocator = _allocator(args, create_tables=args.create_tables)

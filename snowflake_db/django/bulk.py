@@ -45,9 +45,9 @@ from ..bulk.load import load_rows
 from ..bulk.table import BulkTable, ChunkedRows, ColumnRows
 from ..errors import BulkLoadError
 from . import fields as fields_module
-from .columns import require_wide_columns
 from .fields import SnowflakeAutoField, _next_keys
 from .instances import DICT, store, unset
+from .narrow_columns import require_wide_columns
 
 __all__ = ["bulk_load"]
 

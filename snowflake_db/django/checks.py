@@ -20,7 +20,13 @@
                               auto-created many-to-many key), named in one message
 ``snowflake_db.E011``         existing IDs decode to the future: epoch or layout changed
 ``snowflake_db.E013``         ``SNOWFLAKE_SHARD_ROUTER``'s layout is not ``SNOWFLAKE_DB["LAYOUT"]``
+``snowflake_db.W020``         no public-ID keys are configured (a ``PublicId`` field's check)
+``snowflake_db.E020``         the public-ID keys are invalid, or the codec cannot be built
+``snowflake_db.E021``         a ``PublicId``'s ``field=`` names no integer field of its model
 ============================  =================================================================
+
+W020, E020 and E021 are ``PublicId.check()``'s (:mod:`snowflake_db.django.public_ids`): Django
+runs them with every model field's checks.
 
 E010 and E011 query the database, so they run only where Django runs database checks
 (``migrate``, ``check --database ALIAS``):
@@ -45,7 +51,6 @@ from django.utils.module_loading import import_string
 from ..clock import wall_clock
 from ..errors import SnowflakeError
 from ..process import WORKER_ID_ENV, WORKER_URL_ENV
-from .columns import NarrowColumn, narrow_columns, snowflake_models
 from .conf import SnowflakeSettings, get_settings
 from .fields import SnowflakeAutoField, is_snowflake_field
 from .key_columns import (
@@ -57,6 +62,7 @@ from .key_columns import (
     snowflake_keyed_models,
     unknown_declared_fields,
 )
+from .narrow_columns import NarrowColumn, narrow_columns, snowflake_models
 from .worker import README_SECTION
 
 APP_LABEL = "snowflake_db"

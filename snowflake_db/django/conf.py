@@ -29,6 +29,7 @@ never receive one.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
@@ -240,8 +241,23 @@ def get_layout() -> Layout:
     return get_settings().layout
 
 
+#: What runs when a setting changes: (the settings it follows, the reaction).
+_reactions: list[tuple[frozenset[str], Callable[[str, Any], None]]] = []
+
+
+def when_changed(settings: Iterable[str], reaction: Callable[[str, Any], None]) -> None:
+    """Call ``reaction(setting, value)`` whenever one of ``settings`` changes
+    (``override_settings`` in tests): the library's one ``setting_changed`` receiver runs it,
+    after this module's own cache was cleared."""
+    _reactions.append((frozenset(settings), reaction))
+
+
 @receiver(setting_changed)
-def _clear_cache(*, setting: str, **kwargs: Any) -> None:
+def _setting_changed(*, setting: str, value: Any = None, **kwargs: Any) -> None:
+    """The one ``setting_changed`` receiver of ``snowflake_db.django``."""
     global _cached  # noqa: PLW0603
     if setting == SETTING_NAME:
         _cached = None
+    for settings, reaction in _reactions:
+        if setting in settings:
+            reaction(setting, value)

@@ -1,4 +1,4 @@
-"""Django models mirroring :mod:`snowflake_db.worker.schema` exactly, so migrations own the tables.
+"""Django models mirroring :mod:`snowflake_db.worker._schema` exactly, so migrations own the tables.
 
 Column names, types, nullability and the ``high_water_ms`` default must match the SQLAlchemy
 definition: the table allocator reads and writes these tables with its own SQL. A test compares
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from django.db import models
 
-# The values of snowflake_db.worker.schema, repeated so importing the models needs no SQLAlchemy.
+from ..metrics import SlotState
+
+# The values of snowflake_db.worker._schema, repeated so importing the models needs no SQLAlchemy.
 SLOTS_TABLE = "snowflake_worker_slots"
 REGISTRATIONS_TABLE = "snowflake_worker_registrations"
 LAYOUT_TABLE = "snowflake_worker_layout"
@@ -58,13 +60,24 @@ class WorkerSlot(models.Model):
     def __str__(self) -> str:
         return f"worker {self.worker_id}"
 
-    def state(self, now_ms: int) -> str:
-        """``free``, ``reserved`` (permanent), ``live`` or ``expired`` at database time now_ms."""
-        if self.lease_token is None:
-            return "free"
-        if self.expires_at_ms is None:
-            return "reserved"
-        return "live" if self.expires_at_ms >= now_ms else "expired"
+    def state(self, now_ms: int) -> SlotState:
+        """Its :class:`~snowflake_db.metrics.SlotState` at database time ``now_ms``."""
+        return SlotState.of(
+            lease_token=self.lease_token, expires_at_ms=self.expires_at_ms, now_ms=now_ms
+        )
+
+    @staticmethod
+    def state_filter(state: SlotState, now: models.Expression | models.F) -> models.Q:
+        """:meth:`SlotState.of` as a query condition, for rows whose database time is ``now``
+        (the admin's state filter): the one rule, in SQL."""
+        held = models.Q(lease_token__isnull=False)
+        conditions = {
+            SlotState.FREE: models.Q(lease_token__isnull=True),
+            SlotState.RESERVED: held & models.Q(expires_at_ms__isnull=True),
+            SlotState.LIVE: held & models.Q(expires_at_ms__gte=now),
+            SlotState.EXPIRED: held & models.Q(expires_at_ms__lt=now),
+        }
+        return conditions[state]
 
 
 class WorkerLayout(models.Model):

@@ -26,13 +26,13 @@ from typing import Any, ClassVar
 
 from django.conf import settings
 from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
-from django.core.signals import setting_changed
 from django.db import models
 from django.utils.module_loading import import_string
 
 from ..errors import ShardingError
 from ..sharding.routing import ShardRouter
 from ..sharding.rules import ShardRule
+from .conf import when_changed
 
 __all__ = [
     "ShardedDatabaseRouter",
@@ -75,13 +75,12 @@ def get_shard_router() -> ShardRouter:
     return _cached
 
 
-def _clear_cache(*, setting: str, **kwargs: Any) -> None:
+def _clear_cache(setting: str, value: Any) -> None:
     global _cached  # noqa: PLW0603
-    if setting in (SETTING_NAME, "DATABASES"):
-        _cached = None
+    _cached = None
 
 
-setting_changed.connect(_clear_cache)
+when_changed((SETTING_NAME, "DATABASES"), _clear_cache)
 
 
 def rule_of(model: Any) -> ShardRule | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import connections, models
 
-from .columns import narrow_columns
+from .narrow_columns import narrow_columns
 
 __all__ = ["widen_columns", "widen_through_keys"]
 
@@ -75,7 +75,7 @@ def _referencing_columns(model: Any) -> list[tuple[str, str]]:
 
 def widen_columns(using: str, columns: list[Any], *, dry_run: bool = False,
                   stdout: Any = None) -> list[str]:
-    """Widen the keys among ``columns`` (:class:`.columns.NarrowColumn`) to 64 bits with the
+    """Widen the keys among ``columns`` (:class:`.narrow_columns.NarrowColumn`) to 64 bits with the
     foreign keys to them, as ``migrate`` would have if the migrations had changed the field;
     return one line per key. On PostgreSQL the views and materialized views that use any of
     those columns are dropped first and created again after, in one transaction per key."""

@@ -99,7 +99,7 @@ def sqlalchemy_url(alias: str) -> URL:
     query = {k: str(v) for k, v in options.items() if isinstance(v, str | int)}
     if host is None and not {"host", "unix_socket"} & set(query):
         # An empty HOST is Django's way to say "the local server": the worker URL must name it
-        # (worker.connection.check_supported refuses driver defaults), so take the one Django's
+        # (worker._engine.check_supported refuses driver defaults), so take the one Django's
         # own connection uses.
         if vendor == "postgresql":
             query["host"] = _postgres_socket_dir(connection)

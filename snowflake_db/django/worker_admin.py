@@ -19,23 +19,20 @@ from django.db import connections
 from django.db.models import BigIntegerField, F, Value
 
 from ..errors import SnowflakeError
-from ..metrics import SlotCounts
+from ..metrics import SlotCounts, SlotState
 from .conf import get_settings
 from .models import WorkerRegistration, WorkerSlot
 from .worker import control_allocator
 
 __all__ = ["WorkerRegistrationAdmin", "WorkerSlotAdmin", "database_now_ms", "register"]
 
-_STATES = ("live", "expired", "reserved", "free")
-
-
 def database_now_ms(alias: str) -> int:
     """The clock of database ``alias`` in Unix ms: the allocator's own expression
-    (:class:`snowflake_db.worker.store.db_now_ms`), compiled for the alias's vendor."""
+    (:class:`snowflake_db.worker._store.db_now_ms`), compiled for the alias's vendor."""
     from sqlalchemy import select
     from sqlalchemy.dialects import mysql, postgresql, sqlite
 
-    from ..worker.store import db_now_ms
+    from ..worker._store import db_now_ms
 
     connection = connections[alias]
     dialects = {"postgresql": postgresql, "mysql": mysql, "sqlite": sqlite}
@@ -73,20 +70,13 @@ class _StateFilter(admin.SimpleListFilter):
     parameter_name = "state"
 
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
-        return [(state, state) for state in _STATES]
+        return [(state.value, state.value) for state in SlotState]
 
     def queryset(self, request: Any, queryset: Any) -> Any:
-        state = self.value()
-        if state == "free":
-            return queryset.filter(lease_token__isnull=True)
-        held = queryset.filter(lease_token__isnull=False)
-        if state == "reserved":
-            return held.filter(expires_at_ms__isnull=True)
-        if state == "live":
-            return held.filter(expires_at_ms__gte=F("now_ms"))
-        if state == "expired":
-            return held.filter(expires_at_ms__lt=F("now_ms"))
-        return queryset
+        value = self.value()
+        if value not in SlotState.__members__.values():
+            return queryset
+        return queryset.filter(WorkerSlot.state_filter(SlotState(value), F("now_ms")))
 
 
 class WorkerSlotAdmin(_ReadOnly, admin.ModelAdmin):

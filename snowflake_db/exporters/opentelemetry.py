@@ -36,7 +36,6 @@ __all__ = ["METER_NAME", "PREFIX", "create_instruments"]
 METER_NAME = "snowflake_db"
 PREFIX = "snowflake_db."
 _UNITS = {"": "1", "seconds": "s", "ms": "ms", "days": "d"}
-_SLOT_STATES = ("live", "reserved", "expired", "free", "never_used")
 
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
@@ -93,6 +92,6 @@ def _observe_slots(snapshot: Callable[..., MetricsSnapshot]) -> Callback:
         counts = snapshot(with_slots=True).slots
         if counts is None:
             return []
-        return [Observation(getattr(counts, state), {"state": state}) for state in _SLOT_STATES]
+        return [Observation(count, {"state": state}) for state, count in counts.by_state().items()]
 
     return callback

@@ -34,7 +34,6 @@ __all__ = ["PREFIX", "SnowflakeCollector", "help_text"]
 
 PREFIX = "snowflake_db_"
 logger = logging.getLogger("snowflake_db.exporters")
-_SLOT_STATES = ("live", "reserved", "expired", "free", "never_used")
 
 
 class SnowflakeCollector(Collector):
@@ -117,8 +116,8 @@ def _slot_families(snapshot: MetricsSnapshot | None) -> Iterator[Metric]:
         # The scrape still answers (control_database_up 0); the log says why.
         logger.warning("snowflake_db: the worker slots were not counted: %s", snapshot.slots_error)
         return
-    for state in _SLOT_STATES:
-        slots.add_metric([state], getattr(counts, state))
+    for state, count in counts.by_state().items():
+        slots.add_metric([state], count)
     capacity.add_metric([], counts.size)
     available.add_metric([], counts.available)
     parked.add_metric([], counts.parked)

@@ -189,10 +189,11 @@ class MultiprocessPublisher:
         if event != "lease_acquired" or self._exit_hooked_pid == os.getpid():
             return
         self._exit_hooked_pid = os.getpid()
-        from ..worker import child_exit  # a lease came from the table allocator: SQLAlchemy is in
+        # A lease came from the table allocator: SQLAlchemy is in.
+        from ..worker import _process_hooks
 
         publish = self._publish_logged
-        child_exit.via_billiard(publish) or child_exit.via_multiprocessing(publish)
+        _process_hooks.via_billiard(publish) or _process_hooks.via_multiprocessing(publish)
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()

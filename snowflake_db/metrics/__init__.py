@@ -32,7 +32,15 @@ from .. import forks
 from ..clock import wall_clock
 from ..errors import InvalidArgumentTypeError, SnowflakeError
 from ._events import EVENTS, Listener, add_listener, remove_listener
-from ._figures import FIGURES, Figure, MetricsSnapshot, SlotCounts, SlotRowLike, Totals
+from ._figures import (
+    FIGURES,
+    Figure,
+    MetricsSnapshot,
+    SlotCounts,
+    SlotRowLike,
+    SlotState,
+    Totals,
+)
 from ._recorder import STRAGGLER_SECONDS, MetricsRecorder, registry
 
 if TYPE_CHECKING:
@@ -48,6 +56,7 @@ __all__ = [
     "MetricsSnapshot",
     "SlotCounts",
     "SlotRowLike",
+    "SlotState",
     "add_listener",
     "days_left",
     "remove_listener",

@@ -1,5 +1,5 @@
-"""What :mod:`snowflake_db.metrics` reports: the snapshot, the slot counts, and how
-exporters present each figure.
+"""What :mod:`snowflake_db.metrics` reports: the snapshot, the slot states and their counts,
+and how exporters present each figure.
 
 :class:`MetricsSnapshot` is the one declaration of the figures: the recorders' running totals
 (:class:`Totals`) are its fields minus those computed per snapshot, so a new counter is added
@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -22,11 +23,46 @@ __all__ = [
     "MetricsSnapshot",
     "SlotCounts",
     "SlotRowLike",
+    "SlotState",
     "Totals",
 ]
 
 #: Field metadata of a total that combines as the larger of two (a maximum), not their sum.
 _LARGEST = {"combine": "max"}
+
+
+class SlotState(StrEnum):
+    """The state of one worker slot row, judged by the database clock: the one rule that the
+    allocator's rows, the Django model and admin, the CLI, the metrics and the exporters use.
+
+    ``free``: no holder (released or reaped); ``reserved``: held with no expiry (a permanent
+    reservation); ``live``: held, expiry not yet passed; ``expired``: held, expiry passed.
+    A member is its text (``SlotState.LIVE == "live"``), so JSON and tables show it as is.
+    """
+
+    LIVE = "live"
+    RESERVED = "reserved"
+    EXPIRED = "expired"
+    FREE = "free"
+
+    @classmethod
+    def of(cls, *, lease_token: str | None, expires_at_ms: int | None, now_ms: int) -> SlotState:
+        """The state of a row with this token and expiry at database time ``now_ms``."""
+        if lease_token is None:
+            return cls.FREE
+        if expires_at_ms is None:
+            return cls.RESERVED
+        return cls.LIVE if expires_at_ms >= now_ms else cls.EXPIRED
+
+    @property
+    def held(self) -> bool:
+        """Taken by a holder no one else may replace: live or reserved."""
+        return self in (SlotState.LIVE, SlotState.RESERVED)
+
+    @property
+    def claimable(self) -> bool:
+        """A new holder may take it (if its high-water mark allows): free or expired."""
+        return self in (SlotState.FREE, SlotState.EXPIRED)
 
 
 class SlotRowLike(Protocol):
@@ -36,7 +72,7 @@ class SlotRowLike(Protocol):
     def worker_id(self) -> int: ...
 
     @property
-    def state(self) -> str: ...
+    def state(self) -> SlotState: ...
 
     @property
     def high_water_ms(self) -> int: ...
@@ -75,21 +111,27 @@ class SlotCounts:
     def available(self) -> int:
         return self.free + self.expired + self.never_used - self.parked
 
+    def by_state(self) -> dict[str, int]:
+        """Every state's count, ``never_used`` (worker IDs without a row) last; they add up to
+        ``size``. What the exporters label by state and ``doctor --json`` prints."""
+        counts = {state.value: getattr(self, state.value) for state in SlotState}
+        counts["never_used"] = self.never_used
+        return counts
+
     @classmethod
     def of(cls, rows: Sequence[SlotRowLike], layout: Layout, max_floor_wait_ms: int) -> SlotCounts:
         """Count the slot rows (all read at one database time) of ``layout``'s worker IDs."""
         size = layout.max_worker_id + 1
         mine = [row for row in rows if row.worker_id < size]
-        states = {state: 0 for state in ("live", "reserved", "expired", "free")}
+        states = dict.fromkeys(SlotState, 0)
         parked = 0
         stalest: float | None = None
         for row in mine:
             state = row.state
             states[state] += 1
-            claimable = state in ("free", "expired")
-            if claimable and row.high_water_ms - row.db_now_ms > max_floor_wait_ms:
+            if state.claimable and row.high_water_ms - row.db_now_ms > max_floor_wait_ms:
                 parked += 1
-            if state == "live" and row.renewed_at_ms is not None:
+            if state is SlotState.LIVE and row.renewed_at_ms is not None:
                 age = max(0.0, (row.db_now_ms - row.renewed_at_ms) / 1000)
                 stalest = age if stalest is None else max(stalest, age)
         return cls(
@@ -97,7 +139,7 @@ class SlotCounts:
             never_used=size - len(mine),
             parked=parked,
             stalest_renewal_seconds=stalest,
-            **states,
+            **{state.value: count for state, count in states.items()},
         )
 
     def describe(self) -> str:

@@ -15,13 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, MetaData, Numeric, String
+from sqlalchemy import MetaData
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.engine.reflection import Inspector
 from sqlalchemy.exc import CompileError
-from sqlalchemy.types import Float, NullType, TypeEngine
+from sqlalchemy.types import NullType, TypeEngine
 
+from .._column_types import holds_snowflake_keys
 from ..errors import NarrowColumnError
 from .columns import SNOWFLAKE_INFO_KEY
 from .generators import snowflake_default_of
@@ -32,9 +33,6 @@ __all__ = [
     "narrow_snowflake_columns",
     "require_wide_snowflake_columns",
 ]
-
-#: Decimal digits of the largest Snowflake key, 2**63 - 1.
-_DIGITS = 19
 
 _Key = tuple[str | None, str, str]  # schema (None: the default one), table, column
 
@@ -65,23 +63,15 @@ class NarrowColumn:
 
 
 def is_narrow_type(type_: TypeEngine[Any], dialect: Dialect) -> bool:
-    """True if a column of this reflected type cannot hold every 64-bit key exactly."""
-    if dialect.name == "sqlite":
-        # SQLite stores every integer in 64 bits; only REAL affinity turns it into a double.
-        declared = _declared(type_, dialect).upper()
-        if "INT" in declared:
-            return False
-        return any(part in declared for part in ("REAL", "FLOA", "DOUB"))
-    if isinstance(type_, BigInteger):
-        return False
-    if isinstance(type_, Integer | Float):
-        return True
-    if isinstance(type_, Numeric):
-        precision, scale = type_.precision, type_.scale
-        return bool(scale) or (precision is not None and precision < _DIGITS)
-    if isinstance(type_, String):
-        return type_.length is not None and type_.length < _DIGITS
-    return True
+    """True if a column of this reflected type cannot hold every 64-bit key exactly (the one
+    table of :mod:`snowflake_db._column_types`, which Django's check reads too)."""
+    return not holds_snowflake_keys(
+        dialect.name,
+        _declared(type_, dialect),
+        precision=getattr(type_, "precision", None),
+        scale=getattr(type_, "scale", None),
+        length=getattr(type_, "length", None),
+    )
 
 
 def _declared(type_: TypeEngine[Any], dialect: Dialect) -> str:

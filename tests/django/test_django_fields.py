@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 import snowflake_db
 from snowflake_db import snowflake_default
 from snowflake_db.django import SnowflakeAutoField, SnowflakeField
-from snowflake_db.django.columns import require_wide_columns
 from snowflake_db.django.fields import EagerSnowflakeAutoField
+from snowflake_db.django.narrow_columns import require_wide_columns
 from tests.django.conftest import backends
 from tests.django_project.routers import use_alias
 from tests.django_project.shop.models import Customer, Invoice, Item, Order, Tag

@@ -16,7 +16,7 @@ from sqlalchemy import MetaData, create_engine, inspect
 from sqlalchemy.engine import URL
 
 from snowflake_db.django.worker import sqlalchemy_url
-from snowflake_db.worker.schema import worker_tables
+from snowflake_db.worker import worker_tables
 from tests.django.scenario_support import django_database, run_step
 from tests.plugins.databases import create_database, drop_database
 
@@ -91,7 +91,7 @@ def _normalise(name: str) -> str:
 
 def test_migrated_worker_tables_mirror_the_allocator_schema(tx_backend: str) -> None:
     """Same column names, types, nullability, primary keys and high_water_ms default as
-    snowflake_db.worker.schema (which the table allocator's SQL is written against)."""
+    snowflake_db.worker._schema (which the table allocator's SQL is written against)."""
     engine = create_engine(sqlalchemy_url(tx_backend))
     dialect = engine.dialect
     engine.dispose()

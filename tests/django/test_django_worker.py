@@ -21,9 +21,9 @@ from django.test.utils import isolate_apps, override_settings
 
 import snowflake_db
 from snowflake_db.django import checks
-from snowflake_db.django.columns import narrow_columns
 from snowflake_db.django.conf import get_layout
 from snowflake_db.django.models import WorkerRegistration, WorkerSlot
+from snowflake_db.django.narrow_columns import narrow_columns
 from snowflake_db.django.worker import DjangoTableWorkerAllocator, configure_from_settings
 from tests.django.conftest import backends
 from tests.django_project.shop.models import Customer, Order
@@ -428,7 +428,7 @@ def test_command_lists_and_reaps_leases(tx_backend: str) -> None:
         1: "live", 2: "expired", 3: "free", 4: "reserved"
     }
     table = _run("leases", "--database", tx_backend)
-    assert "web1:11" in table and "pg function" in table and "expired" in table
+    assert "web1  11" in table and "pg function" in table and "expired" in table
     assert "would reap 1 expired lease(s): 2" in _run("reap", "--dry-run", "--database", tx_backend)
     assert "reaped 1 expired lease(s): 2" in _run("reap", "--database", tx_backend)
     slot = WorkerSlot.objects.get(worker_id=2)
@@ -441,7 +441,7 @@ def test_command_lists_and_reaps_leases(tx_backend: str) -> None:
 def test_empty_host_means_the_local_server_django_uses(tx_backend: str) -> None:
     """Django leaves HOST empty for the local socket; the worker URL must still name a server."""
     from snowflake_db.django.worker import sqlalchemy_url
-    from snowflake_db.worker.connection import check_supported
+    from snowflake_db.worker._engine import check_supported
 
     connection = connections[tx_backend]
     saved = connection.settings_dict["HOST"]

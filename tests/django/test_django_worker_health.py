@@ -18,7 +18,7 @@ from snowflake_db import AllocatorUnavailableError, Layout, LayoutMismatchError,
 from snowflake_db.django.models import WorkerLayout, WorkerRegistration, WorkerSlot
 from snowflake_db.django.worker import DjangoTableWorkerAllocator
 from snowflake_db.sharding import partitioning
-from snowflake_db.worker.layouts import layout_text
+from snowflake_db.worker._layout_record import layout_text
 from tests.django.conftest import backends
 
 OTHER = {"WORKER_SOURCE": "manual", "LAYOUT": {"worker_bits": 9, "sequence_bits": 13}}

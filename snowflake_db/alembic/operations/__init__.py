@@ -2,9 +2,8 @@
 
 Importing :mod:`snowflake_db.alembic` (in ``env.py``) registers:
 
-* ``op.create_snowflake_worker_tables()`` / ``op.drop_snowflake_worker_tables()``, and
-  ``op.create_snowflake_worker_layout_table()`` / ``op.drop_snowflake_worker_layout_table()``
-  for installs from before the layout table (:mod:`.worker_tables`)
+* ``op.create_snowflake_worker_tables()`` / ``op.drop_snowflake_worker_tables()``
+  (:mod:`.worker_tables`)
 * ``op.convert_to_snowflake_pk(table, column="id")`` / ``op.revert_snowflake_pk(...)``
   (:mod:`.primary_keys`)
 * ``op.create_snowflake_id_function()`` / ``op.drop_snowflake_id_function()`` (PostgreSQL,
@@ -28,12 +27,7 @@ from .partitions import (
 )
 from .primary_keys import ConvertToSnowflakePkOp, RevertSnowflakePkOp
 from .sharded_orders import CreateShardedOrdersOp, DropShardedOrdersOp
-from .worker_tables import (
-    CreateSnowflakeWorkerLayoutTableOp,
-    CreateSnowflakeWorkerTablesOp,
-    DropSnowflakeWorkerLayoutTableOp,
-    DropSnowflakeWorkerTablesOp,
-)
+from .worker_tables import CreateSnowflakeWorkerTablesOp, DropSnowflakeWorkerTablesOp
 
 __all__ = [
     "AddNextTimePartitionOp",
@@ -41,12 +35,10 @@ __all__ = [
     "CreateShardPartitionedTableOp",
     "CreateShardedOrdersOp",
     "CreateSnowflakeIdFunctionOp",
-    "CreateSnowflakeWorkerLayoutTableOp",
     "CreateSnowflakeWorkerTablesOp",
     "CreateTimePartitionedTableOp",
     "DropShardedOrdersOp",
     "DropSnowflakeIdFunctionOp",
-    "DropSnowflakeWorkerLayoutTableOp",
     "DropSnowflakeWorkerTablesOp",
     "RevertSnowflakePkOp",
 ]

@@ -1,7 +1,7 @@
 """``op.create_snowflake_id_function()`` / ``op.drop_snowflake_id_function()`` (PostgreSQL).
 
 The function's SQL is :mod:`snowflake_db.alembic._pg_function`; its worker slot is reserved and
-released with :mod:`snowflake_db.worker.claims`, like every other slot: in the migration's own
+released with :mod:`snowflake_db.worker._claims`, like every other slot: in the migration's own
 transaction when the worker tables are in this database (the same migration may have created
 them, invisible to any other connection), else through an allocator on the control database.
 Either way the function's ``layout`` must be the one the worker tables record (or becomes it,
@@ -19,9 +19,9 @@ from sqlalchemy import Connection, text
 
 from ...generator import DEFAULT_ROLLBACK_TOLERANCE_MS
 from ...layout import DEFAULT_LAYOUT, Layout
-from ...worker import TableWorkerAllocator, claims
-from ...worker.schema import DEFAULT_REGISTRATIONS_TABLE, DEFAULT_SLOTS_TABLE
-from ...worker.store import WorkerStore
+from ...worker import TableWorkerAllocator, _claims
+from ...worker._schema import DEFAULT_REGISTRATIONS_TABLE, DEFAULT_SLOTS_TABLE
+from ...worker._store import WorkerStore
 from .. import _pg_function
 from ._base import SnowflakeOp, operation, postgresql_bind
 
@@ -132,15 +132,15 @@ def _reserve(bind: Connection, op: CreateSnowflakeIdFunctionOp, layout: Layout) 
     label = op.slot_label(bind)
     if op.control_url is None:
         store = op.store()
-        found = claims.reserved_under(bind, store, label)
+        found = _claims.reserved_under(bind, store, label)
         if found is not None:
             return found.worker_id, found.high_water_ms
-        holder = claims.Holder(socket.gethostname(), os.getpid())
+        holder = _claims.Claimant(socket.gethostname(), os.getpid())
         where = (
             f"{store.tables.slots.name} at "
             f"{bind.engine.url.render_as_string(hide_password=True)}"
         )
-        return claims.reserve(
+        return _claims.reserve(
             bind, store, label=label, holder=holder, layout=layout, where=where
         )
     allocator = op.allocator()
@@ -160,9 +160,9 @@ def _release(bind: Connection, op: DropSnowflakeIdFunctionOp, issued_until_ms: i
     label = op.slot_label(bind)
     if op.control_url is None:
         store = op.store()
-        found = claims.reserved_under(bind, store, label)
+        found = _claims.reserved_under(bind, store, label)
         if found is not None:
-            claims.release_reservation(
+            _claims.release_reservation(
                 bind,
                 store,
                 worker_id=found.worker_id,

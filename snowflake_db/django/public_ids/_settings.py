@@ -6,10 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 
-from ..conf import SETTING_NAME, SnowflakeSettings, parse
+from ..conf import SETTING_NAME, SnowflakeSettings, parse, when_changed
 
 
 def apply_public_id_keys(conf: SnowflakeSettings) -> None:
@@ -21,10 +19,7 @@ def apply_public_id_keys(conf: SnowflakeSettings) -> None:
         configure_public_ids(conf.public_id_keys)
 
 
-@receiver(setting_changed)
-def _reconfigure(*, setting: str, value: Any = None, **kwargs: Any) -> None:
-    if setting != SETTING_NAME:
-        return
+def _reconfigure(setting: str, value: Any) -> None:
     try:
         keys = parse(value).public_id_keys
     except ImproperlyConfigured:
@@ -32,3 +27,6 @@ def _reconfigure(*, setting: str, value: Any = None, **kwargs: Any) -> None:
     from ...public_ids import configure_public_ids
 
     configure_public_ids(keys)
+
+
+when_changed((SETTING_NAME,), _reconfigure)

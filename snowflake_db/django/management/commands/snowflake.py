@@ -3,26 +3,27 @@
 ::
 
     manage.py snowflake decode 912113250819136652 [--json]
-    manage.py snowflake leases [--json]      # every worker slot on the control database
-    manage.py snowflake reap [--dry-run]     # free leases the database clock says expired
-    manage.py snowflake check                # lease a worker ID and release it (probes)
+    manage.py snowflake workers list [--json]     # every worker slot on the control database
+    manage.py snowflake workers reap [--dry-run]  # free leases the database clock says expired
+    manage.py snowflake workers check             # lease a worker ID and release it (probes)
     manage.py snowflake doctor [--json]      # layout, its end, clock skew, slots, partitions
     manage.py snowflake widen [--dry-run]    # keys migrations left narrow (check E010)
     manage.py snowflake remove-orphaned-tags [--dry-run]   # django-taggit, any through model
 
 Leases are read and reaped by :class:`snowflake_db.worker.TableWorkerAllocator` itself,
 judged by the database clock, with the tables and options of ``SNOWFLAKE_DB`` (its layout and
-``ALLOCATOR_OPTIONS``). ``check`` and ``doctor`` print what ``snowflake-db workers check`` and
-``snowflake-db doctor`` print (both come from :mod:`snowflake_db.worker.health`); they fail
-(exit status 1) when the lease cannot be taken or a problem is found. Slot rows are never
-deleted: they carry the high-water marks that make reusing a worker ID safe.
+``ALLOCATOR_OPTIONS``). The ``workers`` verbs are those of ``snowflake-db workers``, with the
+same JSON and table (:mod:`snowflake_db.worker._health`); ``leases``, ``reap`` and ``check``
+are their older spellings, kept as aliases. ``check`` and ``doctor`` print what
+``snowflake-db workers check`` and ``snowflake-db doctor`` print; they fail (exit status 1)
+when the lease cannot be taken or a problem is found. Slot rows are never deleted: they carry
+the high-water marks that make reusing a worker ID safe.
 """
 
 from __future__ import annotations
 
 import json
 from argparse import ArgumentParser
-from datetime import UTC, datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -30,14 +31,9 @@ from django.db import connections
 
 from ....clock import wall_clock
 from ....errors import SnowflakeError
+from ....metrics import SlotState
 from ...conf import get_settings
 from ...worker import control_allocator
-
-
-def _when(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
 
 
 class Command(BaseCommand):
@@ -48,15 +44,10 @@ class Command(BaseCommand):
         decode = sub.add_parser("decode", help="decode IDs with the SNOWFLAKE_DB layout")
         decode.add_argument("ids", nargs="+")
         decode.add_argument("--json", action="store_true")
-        leases = sub.add_parser("leases", help="list worker slots on the control database")
-        leases.add_argument("--json", action="store_true")
-        leases.add_argument("--database", help="alias (default: CONTROL_DATABASE)")
-        reap = sub.add_parser("reap", help="free leases that expired by the database clock")
-        reap.add_argument("--dry-run", action="store_true")
-        reap.add_argument("--database", help="alias (default: CONTROL_DATABASE)")
-        check_help = "lease a worker ID with the SNOWFLAKE_DB layout and release it"
-        check = sub.add_parser("check", help=check_help)
-        check.add_argument("--database", help="alias (default: CONTROL_DATABASE)")
+        workers = sub.add_parser("workers", help="list, reap or check worker-ID leases")
+        verbs = workers.add_subparsers(dest="workers_action", required=True)
+        for parsers, aliased in ((verbs, False), (sub, True)):
+            self._add_worker_verbs(parsers, aliased=aliased)
         doctor_help = "layout recorded vs. configured, its end, clock skew, slots, partitions"
         doctor = sub.add_parser("doctor", help=doctor_help)
         doctor.add_argument("--database", help="alias (default: CONTROL_DATABASE)")
@@ -80,8 +71,32 @@ class Command(BaseCommand):
         orphans = sub.add_parser("remove-orphaned-tags", help=orphans_help)
         orphans.add_argument("--dry-run", action="store_true")
 
+    @staticmethod
+    def _add_worker_verbs(parsers: Any, *, aliased: bool) -> None:
+        """``workers list|reap|check``; with ``aliased``, the old top-level spellings
+        ``leases``, ``reap`` and ``check`` of the same verbs."""
+        alias_note = " (alias of workers {})" if aliased else ""
+        listing = parsers.add_parser(
+            "leases" if aliased else "list",
+            help="list worker slots on the control database" + alias_note.format("list"),
+        )
+        listing.add_argument("--json", action="store_true")
+        reap = parsers.add_parser(
+            "reap",
+            help="free leases that expired by the database clock" + alias_note.format("reap"),
+        )
+        reap.add_argument("--dry-run", action="store_true")
+        check_help = "lease a worker ID with the SNOWFLAKE_DB layout and release it"
+        check = parsers.add_parser("check", help=check_help + alias_note.format("check"))
+        for parser in (listing, reap, check):
+            parser.add_argument("--database", help="alias (default: CONTROL_DATABASE)")
+
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
+        if action == "workers":
+            action = options["workers_action"]
+        if action == "list":
+            action = "leases"
         if action == "decode":
             self._decode(options["ids"], as_json=options["json"])
         elif action == "leases":
@@ -156,6 +171,9 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from None
 
     def _leases(self, alias: str | None, *, as_json: bool) -> None:
+        """What ``snowflake-db workers list`` prints (one listing), for the alias's tables."""
+        from ....worker import _health as health
+
         allocator = self._allocator(alias)
         try:
             slots = allocator.workers()
@@ -163,47 +181,17 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from None
         finally:
             allocator.close()
+        records = health.slot_records(slots)
         if as_json:
-            self.stdout.write(
-                json.dumps(
-                    [
-                        {
-                            "worker_id": slot.worker_id,
-                            "state": slot.state,
-                            "hostname": slot.hostname,
-                            "pid": slot.pid,
-                            "label": slot.label,
-                            "acquired_at_ms": slot.acquired_at_ms,
-                            "renewed_at_ms": slot.renewed_at_ms,
-                            "expires_at_ms": slot.expires_at_ms,
-                            "high_water_ms": slot.high_water_ms,
-                            "db_now_ms": slot.db_now_ms,
-                        }
-                        for slot in slots
-                    ]
-                )
-            )
-            return
-        if not slots:
-            self.stdout.write("no worker slots yet")
-            return
-        self.stdout.write(
-            f"{'worker':>6}  {'state':<8}  {'holder':<32}  {'expires (UTC)':<29}  high-water"
-        )
-        for slot in slots:
-            holder = f"{slot.hostname or '-'}:{slot.pid}" if slot.pid is not None else "-"
-            if slot.label:
-                holder = slot.label
-            self.stdout.write(
-                f"{slot.worker_id:>6}  {slot.state:<8}  {holder[:32]:<32}  "
-                f"{_when(slot.expires_at_ms):<29}  {_when(slot.high_water_ms or None)}"
-            )
+            self.stdout.write(json.dumps(records, indent=2))
+        else:
+            self.stdout.write("\n".join(health.slot_table(records)))
 
     def _reap(self, alias: str | None, *, dry_run: bool) -> None:
         allocator = self._allocator(alias)
         try:
             if dry_run:
-                expired = [s.worker_id for s in allocator.workers() if s.state == "expired"]
+                expired = [s.worker_id for s in allocator.workers() if s.state is SlotState.EXPIRED]
                 self.stdout.write(
                     f"would reap {len(expired)} expired lease(s): "
                     f"{', '.join(map(str, expired)) or '-'}"
@@ -219,7 +207,7 @@ class Command(BaseCommand):
         )
 
     def _check(self, alias: str | None) -> None:
-        from ....worker import health
+        from ....worker import _health as health
 
         allocator = self._allocator(alias)
         try:
@@ -234,7 +222,7 @@ class Command(BaseCommand):
         self, alias: str | None, *, tables: list[str], partitions_alias: str, as_json: bool
     ) -> None:
         from ....sharding.partitioning import partition_bounds
-        from ....worker import health
+        from ....worker import _health as health
 
         if partitions_alias not in connections:
             raise CommandError(

@@ -1,13 +1,19 @@
 """Every SQL statement the allocator runs, in SQLAlchemy Core, one version for all dialects.
 
-The only dialect-specific piece is :func:`~.db_clock.db_now_ms`, the database clock in Unix
-milliseconds, compiled per dialect (:mod:`.db_clock`); the rows read and written are the plain
-records of :mod:`.rows`. Lease times are always judged by the database clock.
-Each public method takes an open :class:`~sqlalchemy.Connection` and runs inside the caller's
-transaction on it: the allocator decides where transactions begin and end.
+The only dialect-specific piece is :class:`db_now_ms`, the database clock in Unix milliseconds,
+compiled per dialect: lease times are always judged by it, never by a process's clock (clocks of
+processes may be skewed, the database's is one for all of them). The rows read and written are
+plain frozen records (:class:`SlotRow`, :class:`LayoutRow`, :class:`Claim`); :class:`SlotRow` is
+also what ``snowflake-db workers``, the Django admin and the metrics' slot counts read.
+Each public method of :class:`WorkerStore` takes an open :class:`~sqlalchemy.Connection` and
+runs inside the caller's transaction on it: the allocator decides where transactions begin and
+end.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -25,11 +31,13 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 from ..errors import WorkerLeaseError
-from .db_clock import db_now_ms
-from .rows import Claim, LayoutRow, SlotRow
-from .schema import (
+from ..metrics import SlotState
+from ._schema import (
     DEFAULT_REGISTRATIONS_TABLE,
     DEFAULT_SLOTS_TABLE,
     LAYOUT_RECORD_ID,
@@ -38,7 +46,105 @@ from .schema import (
     worker_tables,
 )
 
-__all__ = ["Claim", "LayoutRow", "SlotRow", "WorkerStore", "db_now_ms"]
+# -- the database clock ----------------------------------------------------------------------
+
+
+class db_now_ms(FunctionElement[int]):  # noqa: N801 - reads like the SQL function it renders
+    """The database server's current time in Unix milliseconds (BIGINT)."""
+
+    type = BigInteger()
+    name = "db_now_ms"
+    inherit_cache = True
+
+
+@compiles(db_now_ms, "postgresql")
+def _now_postgresql(element: db_now_ms, compiler: SQLCompiler, **kw: Any) -> str:
+    # clock_timestamp(), not now(): now() is frozen at the start of the transaction.
+    # https://www.postgresql.org/docs/current/functions-datetime.html#FUNCTIONS-DATETIME-CURRENT
+    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+
+
+@compiles(db_now_ms, "mysql")
+@compiles(db_now_ms, "mariadb")
+def _now_mysql(element: db_now_ms, compiler: SQLCompiler, **kw: Any) -> str:
+    # UTC_TIMESTAMP does not depend on the session time zone (UNIX_TIMESTAMP(NOW()) does, and is
+    # ambiguous in a DST fall-back hour); TIMESTAMPDIFF of two DATETIMEs is plain arithmetic.
+    return "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
+
+
+@compiles(db_now_ms, "sqlite")
+def _now_sqlite(element: db_now_ms, compiler: SQLCompiler, **kw: Any) -> str:
+    # julianday('now') has millisecond precision and is stable within one statement.
+    # https://www.sqlite.org/lang_datefunc.html
+    return "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+
+
+@compiles(db_now_ms)
+def _now_other(element: db_now_ms, compiler: SQLCompiler, **kw: Any) -> str:
+    return "CAST(EXTRACT(EPOCH FROM CURRENT_TIMESTAMP) * 1000 AS BIGINT)"
+
+
+# -- the rows --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRow:
+    """One row of the slots table, with the database time it was read at."""
+
+    worker_id: int
+    lease_token: str | None
+    registration_id: int | None
+    hostname: str | None
+    pid: int | None
+    label: str | None
+    acquired_at_ms: int | None
+    renewed_at_ms: int | None
+    expires_at_ms: int | None
+    high_water_ms: int
+    db_now_ms: int
+
+    @property
+    def reserved(self) -> bool:
+        """A permanent reservation: held, with no expiry."""
+        return self.state is SlotState.RESERVED
+
+    @property
+    def live(self) -> bool:
+        """Held by a lease the database clock has not seen expire (or reserved)."""
+        return self.state.held
+
+    @property
+    def state(self) -> SlotState:
+        """Its :class:`~snowflake_db.metrics.SlotState` at the time it was read."""
+        return SlotState.of(
+            lease_token=self.lease_token, expires_at_ms=self.expires_at_ms, now_ms=self.db_now_ms
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutRow:
+    """The layout table's row: the layout's JSON text and who recorded it when."""
+
+    layout: str
+    recorded_at_ms: int
+    hostname: str | None
+    pid: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Who claims a slot, and for how long (``lease_ms=None``: a permanent reservation)."""
+
+    worker_id: int
+    token: str
+    registration_id: int | None
+    hostname: str
+    pid: int
+    lease_ms: int | None
+    label: str | None = None
+
+
+# -- the statements -------------------------------------------------------------------------
 
 
 class WorkerStore:

@@ -51,9 +51,10 @@ column              type               meaning
 ``pid``             INTEGER NULL       its process ID
 ==================  =================  ==========================================================
 
-Every process using the tables must use the recorded layout (:mod:`snowflake_db.worker.layouts`):
-two layouts sharing one slots table can issue the same 64-bit value from different slots. Tables
-without the row adopt the layout of the first process that leases from them.
+Every process using the tables must use the recorded layout
+(:mod:`snowflake_db.worker._layout_record`): two layouts sharing one slots table can issue the
+same 64-bit value from different slots. Tables without the row adopt the layout of the first
+process that leases from them.
 
 A slot is claimable when ``lease_token IS NULL OR expires_at_ms < <database now>``. Slot rows are
 never deleted (not even by ``snowflake-db workers reap``): the row carries the high-water mark that
@@ -80,8 +81,6 @@ DEFAULT_LAYOUT_TABLE = "snowflake_worker_layout"
 LAYOUT_RECORD_ID = 1
 #: Length of the recorded layout's JSON text.
 LAYOUT_TEXT_LENGTH = 1000
-#: ``Table.info`` key of a layout table: the name of its slots table.
-LAYOUT_TABLE_INFO_KEY = "snowflake_db_layout_of"
 
 #: Length of the random lease token (hex characters).
 TOKEN_LENGTH = 32
@@ -206,7 +205,5 @@ def worker_tables(
         Column("hostname", String(NAME_LENGTH), nullable=True),
         Column("pid", Integer, nullable=True),
         schema=schema,
-        # Lets Alembic autogenerate write op.create_snowflake_worker_layout_table() for it.
-        info={LAYOUT_TABLE_INFO_KEY: slots_table},
     )
     return WorkerTables(slots, registrations, layout)

@@ -18,17 +18,24 @@ from django.apps import apps
 from django.core.exceptions import FieldError
 from django.db import router
 
+from .._column_types import holds_snowflake_keys
 from ..errors import NarrowColumnError
 
 __all__ = ["NarrowColumn", "narrow_columns", "require_wide_columns", "snowflake_columns"]
 
-#: The database types (lower case, first word) that hold 64 bits, per vendor.
-WIDE_TYPES = {
-    "postgresql": {"bigint", "int8", "bigserial", "serial8"},
-    "mysql": {"bigint"},
-    # Every SQLite integer is 64-bit (https://www.sqlite.org/datatype3.html).
-    "sqlite": {"integer", "bigint", "int", "int8"},
-}
+#: The vendors whose column types are judged (:mod:`snowflake_db._column_types`).
+_JUDGED_VENDORS = ("postgresql", "mysql", "sqlite")
+
+
+@dataclass(frozen=True)
+class _ColumnType:
+    """A column's type as the database reports it, with its decimal precision and scale and
+    its text length (``None``: not reported, or unbounded)."""
+
+    declared: str
+    precision: int | None = None
+    scale: int | None = None
+    length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,7 @@ def snowflake_models(alias: str) -> list[Any]:
     ]
 
 
-def _column_types(connection: Any, tables: Iterable[str]) -> dict[tuple[str, str], str]:
+def _column_types(connection: Any, tables: Iterable[str]) -> dict[tuple[str, str], _ColumnType]:
     """(table, column) -> database type, for the tables that exist; one query on servers."""
     tables = sorted(set(tables))
     if not tables:
@@ -106,16 +113,21 @@ def _column_types(connection: Any, tables: Iterable[str]) -> dict[tuple[str, str
             schema = "current_schema()" if connection.vendor == "postgresql" else "DATABASE()"
             marks = ", ".join(["%s"] * len(tables))
             cursor.execute(
-                "SELECT table_name, column_name, data_type FROM information_schema.columns "
+                "SELECT table_name, column_name, data_type, numeric_precision, numeric_scale, "
+                "character_maximum_length FROM information_schema.columns "
                 f"WHERE table_schema = {schema} AND table_name IN ({marks})",
                 tables,
             )
-            return {(str(t), str(c)): str(kind) for t, c, kind in cursor.fetchall()}
+            return {
+                (str(t), str(c)): _ColumnType(str(kind), _int(precision), _int(scale), _int(length))
+                for t, c, kind, precision, scale, length in cursor.fetchall()
+            }
         if connection.vendor == "sqlite":
-            found: dict[tuple[str, str], str] = {}
+            found: dict[tuple[str, str], _ColumnType] = {}
             for table in tables:
                 cursor.execute(f"PRAGMA table_info({connection.ops.quote_name(table)})")
-                found.update({(table, row[1]): str(row[2]) for row in cursor.fetchall()})
+                rows = cursor.fetchall()
+                found.update({(table, row[1]): _ColumnType(str(row[2])) for row in rows})
             return found
     return {}
 
@@ -126,8 +138,8 @@ def narrow_columns(connection: Any, models: Iterable[Any] | None = None) -> list
     Tables that do not exist yet are skipped (their migration creates them 64-bit); vendors
     other than PostgreSQL, MySQL/MariaDB and SQLite are not judged.
     """
-    wide = WIDE_TYPES.get(connection.vendor)
-    if wide is None:
+    vendor = connection.vendor
+    if vendor not in _JUDGED_VENDORS:
         return []
     models = snowflake_models(connection.alias) if models is None else list(models)
     types = _column_types(connection, (model._meta.db_table for model in models))
@@ -137,10 +149,19 @@ def narrow_columns(connection: Any, models: Iterable[Any] | None = None) -> list
             kind = types.get((model._meta.db_table, field.column))
             if kind is None:
                 continue
-            first = kind.lower().split("(")[0].split()[0] if kind.strip() else ""
-            if first not in wide:
-                narrow.append(NarrowColumn(model, field, field.column, kind, what))
+            if not holds_snowflake_keys(
+                vendor,
+                kind.declared,
+                precision=kind.precision,
+                scale=kind.scale,
+                length=kind.length,
+            ):
+                narrow.append(NarrowColumn(model, field, field.column, kind.declared, what))
     return narrow
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 _verified: set[tuple[str, str]] = set()

@@ -26,7 +26,7 @@ from .._validate import require_int
 from ..clock import Clock
 from ..errors import ClockSkewError, InvalidArgumentError
 from ..generator import DEFAULT_ROLLBACK_TOLERANCE_MS
-from .store import WorkerStore
+from ._store import WorkerStore
 
 logger = logging.getLogger("snowflake_db.worker")
 

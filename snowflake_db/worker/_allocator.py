@@ -1,10 +1,9 @@
 """``TableWorkerAllocator``: lease a worker ID from a table in a shared control database.
 
 The allocator owns the configuration, its private engine, the administration of the tables and
-the fork and exit hooks; *how* a slot is claimed, reserved or released is
-:mod:`snowflake_db.worker.claims`, which it calls in its own connection and transactions, and
-keeping the leases it handed out (heartbeat and caller renewals, release, abandonment) is
-:mod:`snowflake_db.worker.keeper`.
+the fork and exit hooks; *how* a slot is claimed, reserved or released is :mod:`._claims`, which
+it calls in its own connection and transactions, and keeping the leases it handed out (heartbeat
+and caller renewals, release, abandonment) is its :class:`~._renewer.LeaseRenewer`.
 """
 
 from __future__ import annotations
@@ -32,21 +31,27 @@ from ..errors import (
 )
 from ..layout import DEFAULT_LAYOUT, Layout, require_layout
 from ..metrics import MetricsRecorder, SlotCounts
-from . import claims, clock_skew, forking, timeouts
-from .caller_renewal import CallerRenewal
-from .connection import (
+from . import _claims, _clock_skew, _process_hooks
+from ._engine import (
+    ControlDatabase,
     check_supported,
+    idle_transaction_seconds,
     safe_url_text,
+    statement_seconds,
     to_url,
 )
-from .control import ControlDatabase
-from .keeper import MAX_CALLER_WAIT_SECONDS, LeaseKeeper, describe_error
-from .layouts import RecordedLayout, recorded_layout
-from .lease import Heartbeat, TableLease
-from .rows import SlotRow
-from .schema import DEFAULT_REGISTRATIONS_TABLE, DEFAULT_SLOTS_TABLE, NAME_LENGTH
-from .store import WorkerStore
-from .timing import DEFAULT_LEASE_SECONDS, lease_timing
+from ._layout_record import RecordedLayout, recorded_layout
+from ._renewer import (
+    DEFAULT_LEASE_SECONDS,
+    MAX_CALLER_WAIT_SECONDS,
+    Heartbeat,
+    LeaseRenewer,
+    describe_error,
+    lease_timing,
+)
+from ._schema import DEFAULT_REGISTRATIONS_TABLE, DEFAULT_SLOTS_TABLE, NAME_LENGTH
+from ._store import SlotRow, WorkerStore
+from ._table_lease import TableLease
 
 __all__ = ["DEFAULT_MAX_FLOOR_WAIT_MS", "MAX_CALLER_WAIT_SECONDS", "TableWorkerAllocator"]
 
@@ -70,16 +75,16 @@ class TableWorkerAllocator:
     until ``safety_margin`` seconds (default a fifth) before the lease would expire, measured from
     the start of the last successful renewal on this process's monotonic clock. Each renewal
     stores a high-water mark ``reserve_ahead_ms`` (default the lease length) ahead of the clock.
-    Both are at most :data:`~.timing.MAX_LEASE_SECONDS` (one day). Every statement on the control
-    database is bounded by a third of the lease, 1 to 10 s (:mod:`.timeouts`).
+    Both are at most :data:`~snowflake_db.worker.MAX_LEASE_SECONDS` (one day). Every statement
+    on the control database is bounded by a third of the lease, 1 to 10 s.
 
     Clocks: at every acquisition and renewal the clock given to ``acquire`` is compared with
-    the database clock (:mod:`snowflake_db.worker.clock_skew`). Beyond ``clock_skew_warning_ms``
+    the database clock. Beyond ``clock_skew_warning_ms``
     a warning is logged; beyond ``max_clock_skew_ms`` (default: the generator's default rollback
     tolerance, 2000 ms) acquisition raises :class:`~snowflake_db.ClockSkewError`.
 
     Layout: the tables record the layout they serve (the first process's); acquiring with
-    another raises :class:`~snowflake_db.LayoutMismatchError` (:mod:`snowflake_db.worker.layouts`).
+    another raises :class:`~snowflake_db.LayoutMismatchError`.
 
     The URL must name the control database fully: a host or socket and a database (a file for
     SQLite), never left to the driver's defaults.
@@ -98,8 +103,8 @@ class TableWorkerAllocator:
         safety_margin: float | None = None,
         reserve_ahead_ms: int | None = None,
         max_floor_wait_ms: int = DEFAULT_MAX_FLOOR_WAIT_MS,
-        clock_skew_warning_ms: int = clock_skew.DEFAULT_CLOCK_SKEW_WARNING_MS,
-        max_clock_skew_ms: int = clock_skew.DEFAULT_MAX_CLOCK_SKEW_MS,
+        clock_skew_warning_ms: int = _clock_skew.DEFAULT_CLOCK_SKEW_WARNING_MS,
+        max_clock_skew_ms: int = _clock_skew.DEFAULT_MAX_CLOCK_SKEW_MS,
         hostname: str | None = None,
         engine_options: Mapping[str, Any] | None = None,
     ) -> None:
@@ -114,7 +119,7 @@ class TableWorkerAllocator:
         self.lease_seconds, self.renew_every = timing.lease_seconds, timing.renew_every
         self.safety_margin, self.reserve_ahead_ms = timing.safety_margin, timing.reserve_ahead_ms
         self.max_floor_wait_ms = require_int("max_floor_wait_ms", max_floor_wait_ms, minimum=0)
-        self.clock_skew = clock_skew.SkewPolicy(
+        self.clock_skew = _clock_skew.SkewPolicy(
             warning_ms=clock_skew_warning_ms, max_ms=max_clock_skew_ms
         )
         self.hostname = (hostname or socket.gethostname() or "unknown")[:NAME_LENGTH]
@@ -125,15 +130,15 @@ class TableWorkerAllocator:
             self.url,
             self.store,
             create_tables=bool(create_tables),
-            timeout_seconds=timeouts.statement_seconds(self.lease_seconds),
-            # A transaction idle for a whole lease is a frozen holder's (timeouts.py).
-            idle_transaction_seconds=timeouts.idle_transaction_seconds(self.lease_seconds),
+            timeout_seconds=statement_seconds(self.lease_seconds),
+            # A transaction idle for a whole lease is a frozen holder's (_engine.py).
+            idle_transaction_seconds=idle_transaction_seconds(self.lease_seconds),
             engine_options=engine_options,
         )
         self._engine = self._control.engine
         self._lock = threading.Lock()
         self._closed = False
-        self._terms = claims.LeaseTerms(
+        self._terms = _claims.LeaseTerms(
             lease_ms=round(self.lease_seconds * 1000),
             reserve_ahead_ms=self.reserve_ahead_ms,
             max_floor_wait_ms=self.max_floor_wait_ms,
@@ -141,14 +146,14 @@ class TableWorkerAllocator:
         self._where = f"{self.store.tables.slots.name} at {safe_url_text(self.url)}"
         #: Lease figures for snowflake_db.metrics (acquisitions, renewals and their latency).
         self.metrics_recorder = MetricsRecorder.register(self)
-        self._keeper = LeaseKeeper(
+        self._renewer = LeaseRenewer(
             self._engine,
             self.store,
             timing=timing,
             skew_policy=self.clock_skew,
             recorder=self.metrics_recorder,
         )
-        forking.track(self._after_fork_in_child, self._close_at_exit)
+        _process_hooks.track(self._after_fork_in_child, self._close_at_exit)
 
     @property
     def where(self) -> str:
@@ -158,11 +163,12 @@ class TableWorkerAllocator:
     @property
     def _heartbeat(self) -> Heartbeat:
         """The heartbeat renewing this allocator's leases (tests stop it to starve a lease)."""
-        return self._keeper.heartbeat
+        return self._renewer.heartbeat
 
     @property
-    def _renew_for_caller(self) -> CallerRenewal:
-        return self._keeper.renew_for_caller
+    def _renew_for_caller(self) -> LeaseRenewer:
+        """The renewer (its ``wait_seconds`` and ``hold_seconds`` bound a caller's wait)."""
+        return self._renewer
 
     @property
     def create_tables_on_demand(self) -> bool:
@@ -187,8 +193,8 @@ class TableWorkerAllocator:
             raise
         self.metrics_recorder.lease_acquired(monotonic() - started)
         # Committed: only now may the heartbeat renew it and the generator use it.
-        self._keeper.heartbeat.add(lease)
-        forking.release_at_child_exit()
+        self._renewer.heartbeat.add(lease)
+        _process_hooks.release_at_child_exit()
         lease.wait_for_floor(self.max_floor_wait_ms)
         return lease
 
@@ -231,12 +237,12 @@ class TableWorkerAllocator:
             transaction=True,
         )
 
-    def measure_clock_skew(self, clock: Clock | None = None) -> clock_skew.ClockSkew:
+    def measure_clock_skew(self, clock: Clock | None = None) -> _clock_skew.ClockSkew:
         """How far ``clock`` (default: the process clock) is from the database clock now."""
         return self._use(
             "cannot read the database clock",
             partial(
-                clock_skew.measure,
+                _clock_skew.measure,
                 store=self.store,
                 clock=clock if clock is not None else default_clock(),
             ),
@@ -323,7 +329,7 @@ class TableWorkerAllocator:
         done = self._use(
             "cannot release a reserved worker ID",
             partial(
-                claims.release_reservation,
+                _claims.release_reservation,
                 store=self.store,
                 worker_id=worker_id,
                 label=label,
@@ -345,7 +351,7 @@ class TableWorkerAllocator:
             if self._closed:
                 return
             self._closed = True
-        self._keeper.release_all()
+        self._renewer.release_all()
         self._engine.dispose()
 
     def __enter__(self) -> TableWorkerAllocator:
@@ -366,25 +372,25 @@ class TableWorkerAllocator:
         # Before anything is written (the layout record included): a clock this far off is
         # refused outright.
         with connection.begin():
-            skew = clock_skew.measure(connection, self.store, clock)
+            skew = _clock_skew.measure(connection, self.store, clock)
         self.clock_skew.at_acquisition(skew, self._where)
-        taken = claims.acquire(
+        claimed = _claims.acquire(
             connection,
             self.store,
-            holder=claims.Holder(self.hostname, os.getpid()),
+            holder=_claims.Claimant(self.hostname, os.getpid()),
             terms=self._terms,
             layout=layout,
             clock=clock,
             where=self._where,
         )
-        return self._keeper.hold(taken, clock=clock, where=self._where)
+        return self._renewer.hold(claimed, clock=clock, where=self._where)
 
     def _reserve(
         self, connection: Connection, *, label: str, layout: Layout, worker_id: int | None
     ) -> int:
-        holder = claims.Holder(self.hostname, os.getpid())
-        registration_id = claims.register(connection, self.store, holder)
-        reserved, _ = claims.reserve(
+        holder = _claims.Claimant(self.hostname, os.getpid())
+        registration_id = _claims.register(connection, self.store, holder)
+        reserved, _ = _claims.reserve(
             connection,
             self.store,
             label=label,
@@ -396,14 +402,14 @@ class TableWorkerAllocator:
         )
         return reserved
 
-    # -- process hooks (see forking.py) -----------------------------------------------------
+    # -- process hooks (see _process_hooks.py) -----------------------------------------------
 
     def _after_fork_in_child(self, parent_pid: int) -> None:
         """This allocator's part of the child's one after-fork reset (:mod:`snowflake_db.forks`):
         fresh lock, the parent's pooled connections left open for it, its leases forgotten."""
         self._lock = threading.Lock()
         self._engine.dispose(close=False)
-        self._keeper.after_fork_in_child(parent_pid)
+        self._renewer.after_fork_in_child(parent_pid)
 
     def _close_at_exit(self) -> None:
         try:

@@ -1,10 +1,12 @@
 """Health of the worker tables, for probes and people: ``workers check`` and ``doctor``.
 
 One module so that ``snowflake-db workers check`` / ``snowflake-db doctor`` and Django's
-``manage.py snowflake check`` / ``doctor`` say the same things:
+``manage.py snowflake workers check`` / ``doctor`` say the same things:
 
 * :func:`check` leases a worker ID and gives it back (:meth:`TableWorkerAllocator.check`): a
   one-line verdict for a start-up or readiness probe;
+* :func:`slot_records` and :func:`slot_table` list the slots (``workers list``, ``manage.py
+  snowflake workers list``: the same JSON and the same table);
 * :func:`doctor` reads, and writes nothing: the layout recorded in the tables against the one
   given, when the layout's time bits run out, this host's clock skew against the control
   database, the slots by state, and how far ahead time-partitioned tables reach
@@ -21,10 +23,11 @@ from typing import Any
 from ..clock import Clock
 from ..errors import SnowflakeError
 from ..layout import Layout
-from ..metrics import SlotCounts
-from .allocator import TableWorkerAllocator
-from .clock_skew import ClockSkew
-from .layouts import RecordedLayout, describe_layout
+from ..metrics import SlotCounts, SlotState
+from ._allocator import TableWorkerAllocator
+from ._clock_skew import ClockSkew
+from ._layout_record import RecordedLayout, describe_layout
+from ._store import SlotRow
 
 __all__ = [
     "LAYOUT_WARNING_DAYS",
@@ -35,6 +38,8 @@ __all__ = [
     "SlotCounts",
     "check",
     "doctor",
+    "slot_records",
+    "slot_table",
 ]
 
 #: A layout whose time bits run out sooner than this is reported (a layout change takes time).
@@ -53,6 +58,69 @@ def _one_line(error: BaseException) -> str:
 
 def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+# -- list ---------------------------------------------------------------------------------------
+
+
+def slot_records(rows: Sequence[SlotRow]) -> list[dict[str, Any]]:
+    """The slots as JSON records: times as ISO text (UTC), the high-water mark in ms too."""
+
+    def iso(ms: int | None) -> str | None:
+        return None if ms is None else _iso(ms)
+
+    records = []
+    for row in rows:
+        expires_in = None
+        if row.expires_at_ms is not None and row.lease_token is not None:
+            expires_in = round((row.expires_at_ms - row.db_now_ms) / 1000, 3)
+        records.append(
+            {
+                "worker_id": row.worker_id,
+                "state": row.state.value,
+                "registration_id": row.registration_id,
+                "hostname": row.hostname,
+                "pid": row.pid,
+                "label": row.label,
+                "acquired_at": iso(row.acquired_at_ms),
+                "renewed_at": iso(row.renewed_at_ms),
+                "expires_at": iso(row.expires_at_ms),
+                "expires_in_seconds": expires_in,
+                "high_water_ms": row.high_water_ms,
+                "high_water": iso(row.high_water_ms) if row.high_water_ms > 0 else None,
+            }
+        )
+    return records
+
+
+def slot_table(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The records of :func:`slot_records` as an aligned table and a summary line."""
+    if not records:
+        return ["no worker slots in use"]
+    free, reserved = SlotState.FREE.value, SlotState.RESERVED.value
+    headers = ("worker", "state", "holder", "host", "pid", "expires", "in s", "high-water mark")
+    table = [
+        (
+            str(record["worker_id"]),
+            record["state"],
+            "-" if record["state"] == free else record["label"] or str(record["registration_id"]),
+            record["hostname"] or "-",
+            str(record["pid"] or "-"),
+            record["expires_at"] or ("never" if record["state"] == reserved else "-"),
+            "-" if record["expires_in_seconds"] is None else f"{record['expires_in_seconds']:.1f}",
+            record["high_water"] or "-",
+        )
+        for record in records
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    lines = [line(headers), *(line(row) for row in table)]
+    held = sum(1 for record in records if SlotState(record["state"]).held)
+    lines.append(f"{len(records)} slot(s), {held} live or reserved")
+    return lines
 
 
 # -- check --------------------------------------------------------------------------------------
@@ -243,11 +311,7 @@ class DoctorReport:
             "max_clock_skew_ms": self.max_skew_ms,
             "worker_ids": {
                 "size": slots.size,
-                "live": slots.live,
-                "reserved": slots.reserved,
-                "expired": slots.expired,
-                "free": slots.free,
-                "never_used": slots.never_used,
+                **slots.by_state(),
                 "parked": slots.parked,
                 "available": slots.available,
             },

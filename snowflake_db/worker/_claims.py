@@ -4,13 +4,13 @@ The one owner of *how* a slot is taken. :class:`~snowflake_db.worker.TableWorker
 leases slots for processes, and the Alembic operations reserve slots for a server-side ID function
 and free them again, through these functions only. Each runs on a
 :class:`~sqlalchemy.Connection` inside the caller's transaction (only :func:`acquire` commits as
-it goes), with the statements of :class:`~snowflake_db.worker.store.WorkerStore`.
+it goes), with the statements of :class:`~._store.WorkerStore`.
 
 Every claim is atomic: a conditional UPDATE of a free or expired row, or an INSERT the primary key
 guards, in a savepoint so a refusal undoes only that claim. Reading the slot table first is a hint
 for which slots to try, never a decision.
 
-Every claim first checks the layout record (:func:`~snowflake_db.worker.layouts.ensure_layout`):
+Every claim first checks the layout record (:func:`~._layout_record.ensure_layout`):
 a process or reservation with another layout than the one the tables serve takes no slot.
 
 Acquisition, in short transactions on the allocator's own connection:
@@ -41,10 +41,9 @@ from sqlalchemy.exc import IntegrityError
 from ..clock import Clock, monotonic
 from ..errors import WorkerIdExhaustedError
 from ..layout import Layout
-from .layouts import ensure_layout
-from .retry import retry, retry_conflicts
-from .rows import Claim, SlotRow
-from .store import WorkerStore
+from ._engine import retry, retry_conflicts
+from ._layout_record import ensure_layout
+from ._store import Claim, SlotRow, WorkerStore
 
 #: How many times the slot table is re-read when every claim of a round lost a race.
 SCAN_ROUNDS = 3
@@ -56,8 +55,9 @@ _REGISTER_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, slots=True)
-class Holder:
-    """Who claims a slot (stored in the slot row, for people reading the table)."""
+class Claimant:
+    """The process claiming a slot: host and PID (stored in the slot row, for people reading
+    the table)."""
 
     hostname: str
     pid: int
@@ -92,7 +92,7 @@ class LeaseTerms:
 
 
 @dataclass(frozen=True, slots=True)
-class Taken:
+class ClaimedSlot:
     """A slot claimed for this process; usable once the claim's transaction has committed.
 
     ``started`` is the monotonic time taken before the claim statement: the database computed
@@ -108,8 +108,8 @@ class Taken:
 
 
 @dataclass(frozen=True, slots=True)
-class Tally:
-    """Why slots could not be taken, for the exhaustion message."""
+class UnclaimableSlots:
+    """How many slots could not be claimed, by reason, for the exhaustion message."""
 
     live: int = 0
     reserved: int = 0
@@ -123,18 +123,18 @@ def acquire(
     connection: Connection,
     store: WorkerStore,
     *,
-    holder: Holder,
+    holder: Claimant,
     terms: LeaseTerms,
     layout: Layout,
     clock: Clock,
     where: str,
-) -> Taken:
+) -> ClaimedSlot:
     """Claim a slot for a process in short transactions of its own (``connection`` has none open).
 
     ``where`` names the table and database in the messages (exhaustion, layout mismatch).
     """
 
-    def claim(worker_id: int, registration_id: int) -> Taken | None:
+    def claim(worker_id: int, registration_id: int) -> ClaimedSlot | None:
         return claim_lease(
             connection,
             store,
@@ -151,13 +151,13 @@ def acquire(
                 connection, store, layout, hostname=holder.hostname, pid=holder.pid, where=where
             )
 
-    def register_and_claim() -> tuple[int, Taken | None]:
+    def register_and_claim() -> tuple[int, ClaimedSlot | None]:
         # The common case is this one transaction: register, claim the preferred slot, commit.
         with connection.begin():
             registration_id = register(connection, store, holder)
             return registration_id, claim(registration_id & layout.max_worker_id, registration_id)
 
-    def claim_committed(worker_id: int) -> Taken | None:
+    def claim_committed(worker_id: int) -> ClaimedSlot | None:
         with connection.begin():
             return claim(worker_id, registration_id)
 
@@ -167,13 +167,13 @@ def acquire(
     retry_conflicts(check_layout)
     registration_id, taken = retry_conflicts(register_and_claim)
     preferred = registration_id & layout.max_worker_id
-    tally = Tally()
+    unclaimable = UnclaimableSlots()
     for _ in range(SCAN_ROUNDS):
         if taken is not None:
             return taken
         with connection.begin():
             rows = store.slots(connection)
-        candidates, tally = _candidates(
+        candidates, unclaimable = _candidates(
             rows, layout, preferred, clock(), terms.max_floor_wait_ms
         )
         if not candidates:
@@ -186,10 +186,10 @@ def acquire(
         return taken
     with connection.begin():
         store.forget_registration(connection, registration_id=registration_id)
-    raise _exhausted(layout, tally, terms.max_floor_wait_ms, where)
+    raise _exhausted(layout, unclaimable, terms.max_floor_wait_ms, where)
 
 
-def register(connection: Connection, store: WorkerStore, holder: Holder) -> int:
+def register(connection: Connection, store: WorkerStore, holder: Claimant) -> int:
     """Insert a registration row (inside the caller's transaction); retry a few times if the
     generated key already exists (a sequence reset by a restore, reused values)."""
 
@@ -211,10 +211,10 @@ def claim_lease(
     *,
     worker_id: int,
     registration_id: int,
-    holder: Holder,
+    holder: Claimant,
     terms: LeaseTerms,
     clock: Clock,
-) -> Taken | None:
+) -> ClaimedSlot | None:
     """One atomic claim of ``worker_id`` inside the caller's transaction.
 
     Returns ``None`` if the slot is not ours to take. The claim runs in a savepoint so a refusal
@@ -250,7 +250,7 @@ def claim_lease(
         if savepoint.is_active:
             savepoint.rollback()
         raise
-    return Taken(
+    return ClaimedSlot(
         worker_id=worker_id,
         token=claim.token,
         registration_id=registration_id,
@@ -262,7 +262,7 @@ def claim_lease(
 
 def _candidates(
     rows: list[SlotRow], layout: Layout, preferred: int, now_ms: int, max_floor_wait_ms: int
-) -> tuple[list[int], Tally]:
+) -> tuple[list[int], UnclaimableSlots]:
     """Slots that look claimable, starting after ``preferred`` (a hint; claims re-check)."""
     size = layout.max_worker_id + 1
     by_id = {row.worker_id: row for row in rows if row.worker_id < size}
@@ -281,22 +281,22 @@ def _candidates(
             ahead += 1
         else:
             candidates.append(worker_id)
-    return candidates, Tally(live=live, reserved=reserved, ahead=ahead)
+    return candidates, UnclaimableSlots(live=live, reserved=reserved, ahead=ahead)
 
 
 def _exhausted(
-    layout: Layout, tally: Tally, max_floor_wait_ms: int, where: str
+    layout: Layout, unclaimable: UnclaimableSlots, max_floor_wait_ms: int, where: str
 ) -> WorkerIdExhaustedError:
     size = layout.max_worker_id + 1
-    parts = [f"{tally.live} held by live leases"]
-    if tally.reserved:
-        parts.append(f"{tally.reserved} reserved permanently")
-    if tally.ahead:
+    parts = [f"{unclaimable.live} held by live leases"]
+    if unclaimable.reserved:
+        parts.append(f"{unclaimable.reserved} reserved permanently")
+    if unclaimable.ahead:
         parts.append(
-            f"{tally.ahead} free but with a high-water mark more than "
+            f"{unclaimable.ahead} free but with a high-water mark more than "
             f"{max_floor_wait_ms} ms ahead of this process's clock (clock set back?)"
         )
-    busy = tally.live + tally.reserved + tally.ahead
+    busy = unclaimable.live + unclaimable.reserved + unclaimable.ahead
     if busy < size:
         parts.append(f"{size - busy} lost every claim race ({SCAN_ROUNDS} rounds)")
     return WorkerIdExhaustedError(
@@ -314,7 +314,7 @@ def reserve(
     store: WorkerStore,
     *,
     label: str,
-    holder: Holder,
+    holder: Claimant,
     layout: Layout,
     worker_id: int | None = None,
     registration_id: int | None = None,
@@ -343,9 +343,7 @@ def reserve(
         row = rows.get(candidate)
         if row is not None and (row.live or row.high_water_ms > row.db_now_ms):
             continue  # a hint only: the claim re-checks atomically
-        claim = holder.claim(
-            candidate, registration_id=registration_id, lease_ms=None, label=label
-        )
+        claim = holder.claim(candidate, registration_id=registration_id, lease_ms=None, label=label)
         high_water_ms = _claim_reserved(connection, store, claim)
         if high_water_ms is not None:
             return candidate, high_water_ms
@@ -400,9 +398,7 @@ def _claim_reserved(connection: Connection, store: WorkerStore, claim: Claim) ->
     savepoint = connection.begin_nested()
     try:
         if store.claim_existing(connection, claim):
-            mark = store.held_high_water(
-                connection, worker_id=claim.worker_id, token=claim.token
-            )
+            mark = store.held_high_water(connection, worker_id=claim.worker_id, token=claim.token)
             if mark > store.now_ms(connection):
                 savepoint.rollback()
                 return None

@@ -3,7 +3,7 @@
 Two layouts leasing slots from one table can issue the same 64-bit value from different slots
 (slot 4 under 41/10/12 and slot 2 under 41/9/13 share their top bits), so the tables record the
 layout they serve, as the canonical JSON of :meth:`~snowflake_db.Layout.as_kwargs`, in the one
-row of the layout table (:mod:`snowflake_db.worker.schema`). Every claim of a slot, by a process
+row of the layout table (:mod:`snowflake_db.worker._schema`). Every claim of a slot, by a process
 or by a permanent reservation, first calls :func:`ensure_layout`:
 
 * no row yet (new tables, or tables from before the record existed): INSERT this layout. The
@@ -24,8 +24,7 @@ from sqlalchemy import Connection
 
 from ..errors import LayoutMismatchError, WorkerLeaseError
 from ..layout import LAYOUT_FIELDS, Layout
-from .rows import LayoutRow
-from .store import WorkerStore
+from ._store import LayoutRow, WorkerStore
 
 __all__ = [
     "RecordedLayout",
