@@ -38,7 +38,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.apps import apps
@@ -394,25 +395,74 @@ def check_database(
     return errors
 
 
-def _pending_apps(connection: Any) -> set[str]:
-    """Apps with migrations not yet applied on this database."""
+@dataclass(frozen=True)
+class _PendingChanges:
+    """What the migrations not yet applied on a database will change: the fields they alter
+    (app label, model name, field name) and the apps among them that run SQL of their own."""
+
+    altered: frozenset[tuple[str, str, str]] = frozenset()
+    own_sql: frozenset[str] = frozenset()
+
+    def fix(self, column: NarrowColumn) -> list[str]:
+        """The apps whose pending migrations widen ``column``: an ``AlterField`` of its field,
+        or of the key a foreign key points to (Django alters the foreign keys with it); an
+        app's own SQL may do anything, so it is trusted. A migration that only touches other
+        fields of the app widens nothing (``makemigrations`` run before ``snowflake widen``)."""
+        fields = [column.field]
+        target = getattr(column.field, "target_field", None)
+        if column.field.is_relation and target is not None:
+            fields.append(target)
+        found = {
+            field.model._meta.app_label
+            for field in fields
+            if (field.model._meta.app_label, field.model._meta.model_name, field.name)
+            in self.altered
+        }
+        return sorted(found | (column.owner_apps & self.own_sql))
+
+
+def _database_operations(operations: Iterable[Any]) -> Iterator[Any]:
+    """A migration's operations as the database sees them (``SeparateDatabaseAndState``'s
+    database side included, its state side not)."""
+    from django.db import migrations
+
+    for operation in operations:
+        if isinstance(operation, migrations.SeparateDatabaseAndState):
+            yield from _database_operations(operation.database_operations)
+        else:
+            yield operation
+
+
+def _pending_changes(connection: Any) -> _PendingChanges:
+    """The changes of the migrations not yet applied on this database."""
+    from django.db import migrations
     from django.db.migrations.executor import MigrationExecutor
 
     try:
         executor = MigrationExecutor(connection)
         plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
     except DatabaseError:
-        return set()
-    return {migration.app_label for migration, backwards in plan if not backwards}
+        return _PendingChanges()
+    altered: set[tuple[str, str, str]] = set()
+    own_sql: set[str] = set()
+    for migration, backwards in plan:
+        if backwards:
+            continue
+        for operation in _database_operations(migration.operations):
+            if isinstance(operation, migrations.AlterField):
+                altered.add((migration.app_label, operation.model_name_lower, operation.name))
+            elif isinstance(operation, migrations.RunSQL):
+                own_sql.add(migration.app_label)
+    return _PendingChanges(frozenset(altered), frozenset(own_sql))
 
 
 def unfixed_narrow_columns(connection: Any) -> list[Any]:
     """The narrow columns that check E010 reports: no pending migration or through-key widening
     changes them."""
     narrow = narrow_columns(connection)
-    pending = _pending_apps(connection) if narrow else set()
+    pending = _pending_changes(connection) if narrow else _PendingChanges()
     return [column for column in narrow
-            if not column.is_through_key and not column.owner_apps & pending]
+            if not column.is_through_key and not pending.fix(column)]
 
 
 def _check_column_types(connection: Any, models: Sequence[Any] | None = None) -> list[CheckMessage]:
@@ -422,11 +472,11 @@ def _check_column_types(connection: Any, models: Sequence[Any] | None = None) ->
     repairs what they find: it says once what it is about to widen, and neither blocks nor
     warns about its own work."""
     narrow = narrow_columns(connection, models)
-    pending = _pending_apps(connection) if narrow else set()
+    pending = _pending_changes(connection) if narrow else _PendingChanges()
     messages: list[CheckMessage] = []
     widened: dict[str, list[NarrowColumn]] = {}
     for column in narrow:
-        fixing = sorted(column.owner_apps & pending)
+        fixing = pending.fix(column)
         if column.is_through_key:
             by = "snowflake_db after migrating (auto-created many-to-many keys)"
         elif fixing:
