@@ -246,9 +246,11 @@ def test_invalid_configuration_is_rejected(sqlite_db: ScratchDatabase) -> None:
 def test_custom_table_names_and_missing_tables(any_db: ScratchDatabase) -> None:
     names = {"slots_table": "sf_slots", "registrations_table": "sf_regs"}
     missing = allocator(any_db, create_tables=False, **names)
-    with pytest.raises(AllocatorUnavailableError, match="do not exist"):
+    with pytest.raises(AllocatorUnavailableError, match="do not exist") as refused:
         missing.acquire(layout=Layout(), clock=MonotonicClock())
     missing.close()
+    # What a Django data migration that runs before the app's own migrations is told.
+    assert "depend on ('snowflake_db', '0002_workerlayout')" in str(refused.value)
     with allocator(any_db, **names) as alloc:
         lease = alloc.acquire(layout=Layout(), clock=MonotonicClock())
         assert [row.worker_id for row in alloc.workers()] == [lease.worker_id]

@@ -585,7 +585,9 @@ class ControlDatabase:
                         f"the worker tables {', '.join(missing)} do not exist in "
                         f"{safe_url_text(self.url)}: create them with a migration "
                         "(snowflake_db.alembic / the snowflake_db Django app) or pass "
-                        "create_tables=True"
+                        "create_tables=True; a Django data migration that makes rows with "
+                        "Snowflake keys must depend on ('snowflake_db', '0002_workerlayout') "
+                        "so that they exist before it runs"
                     ) from None
                 if missing:
                     self.create_tables(connection)
