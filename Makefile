@@ -54,12 +54,12 @@ lint: $(TEST_STAMP)
 	>"$$site.log" 2>&1; status=$$?; [ $$status -eq 0 ] || cat "$$site.log"; \
 	rm -rf "$$site" "$$site.log"; exit $$status
 
-# pytest includes README.md and docs/ (every code block runs) and tests/test_packaging.py (sdist
-# and wheel built offline, the wheel installed into a fresh venv and smoke-tested there). The
+# pytest includes README.md and docs/ (every code block runs) and tests/packaging/test_packaging.py
+# (sdist and wheel built offline, the wheel installed into a fresh venv and smoke-tested there). The
 # main pass runs all but tests/django (and tests/django_project, the project it tests) and the
-# `timing` tests; tests/django runs in a pass of its own (make test runs it beside the timing
-# pass, where a core is free); the timing tests run last, four at a time (the longest first), a
-# test's backends one at a time (tests/conftest.py). Every pass always runs.
+# `timing` tests; tests/django runs in a pass of its own (make test runs it beside the timing pass,
+# where a core is free); the timing tests run last, four at a time (the longest first), a test's
+# backends one at a time (tests/conftest.py). Every pass always runs.
 pytest: $(TEST_STAMP) $(SPIDER_PLUGIN)
 	@status=0; $(MAKE) --no-print-directory pytest-parallel || status=1; \
 	$(MAKE) --no-print-directory pytest-django || status=1; \
@@ -79,15 +79,16 @@ pytest-django: $(TEST_STAMP)
 pytest-timing: $(TEST_STAMP)
 	$(BIN)/python -m pytest -n $(TIMING_WORKERS) --dist loadgroup -m timing
 
-# MariaDB's Spider plugin for the throwaway Spider servers of tests/test_sharding_spider.py,
-# fetched from Debian's packages and unpacked into .venv/spider (never installed system-wide).
+# MariaDB's Spider plugin for the throwaway Spider servers of
+# tests/sharding/test_sharding_spider.py, fetched from Debian's packages and unpacked into
+# .venv/spider (never installed system-wide).
 $(SPIDER_PLUGIN):
-	bash tests/fetch_spider_plugin.sh
+	bash tests/sharding/fetch_spider_plugin.sh
 
 # tests/django again under Django 6 on Python 3.12 (builds .venv/django6-py312 once).
 django6: $(TEST_STAMP)
-	bash tests/run_django6.sh -q -n $(DJANGO_WORKERS) --dist loadgroup -m "not timing"; \
-	status=$$?; bash tests/run_django6.sh -q -m timing || status=1; exit $$status
+	bash tests/django/run_django6.sh -q -n $(DJANGO_WORKERS) --dist loadgroup -m "not timing"; \
+	status=$$?; bash tests/django/run_django6.sh -q -m timing || status=1; exit $$status
 
 # tests/django under Django 5.2 (the main venv), then under Django 6: one job of make test.
 django: $(TEST_STAMP)
@@ -95,7 +96,7 @@ django: $(TEST_STAMP)
 	$(MAKE) --no-print-directory django6 || status=1; exit $$status
 
 package-check: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q tests/test_packaging.py
+	$(BIN)/python -m pytest -q tests/packaging/test_packaging.py
 
 # Two stages, each two jobs at once (each job's output printed whole when it ends,
 # --output-sync): lint beside the main pytest pass, then the timing pass beside the Django

@@ -14,7 +14,7 @@ touched.
   so with the default ``/tmp`` it deleted the live temporary tables of the shared server.
   :func:`mariadb_servers` starts several from one install. :func:`spider_server` starts one with
   MariaDB's Spider engine loaded from :func:`find_spider_plugin`, :func:`spider_servers` a Spider
-  front and its backend servers (``tests/fetch_spider_plugin.sh`` unpacks the plugin into
+  front and its backend servers (``tests/sharding/fetch_spider_plugin.sh`` unpacks the plugin into
   ``.venv/spider``; installing ``mariadb-plugin-spider`` system-wide would reconfigure the shared
   server).
 
@@ -39,7 +39,7 @@ from typing import Any
 
 DEFAULT_PG_BIN = Path(os.environ.get("SNOWFLAKE_PG_BIN", "/usr/lib/postgresql/15/bin"))
 SPIDER_PLUGIN_ENV = "SNOWFLAKE_TEST_SPIDER_PLUGIN"
-#: Where tests/fetch_spider_plugin.sh (run by `make test`) unpacks the Spider plugin.
+#: Where tests/sharding/fetch_spider_plugin.sh (run by `make test`) unpacks the Spider plugin.
 FETCHED_SPIDER_PLUGIN = (
     Path(__file__).resolve().parents[1] / ".venv/spider/usr/lib/mysql/plugin/ha_spider.so"
 )
@@ -239,15 +239,15 @@ def running_postgres_clusters(count: int, pg_bin: Path | str = DEFAULT_PG_BIN,
 
 def find_spider_plugin() -> Path:
     """``ha_spider.so``: from ``$SNOWFLAKE_TEST_SPIDER_PLUGIN``, else where
-    ``tests/fetch_spider_plugin.sh`` unpacks it, else the system's plugin directory."""
+    ``tests/sharding/fetch_spider_plugin.sh`` unpacks it, else the system's plugin directory."""
     given = os.environ.get(SPIDER_PLUGIN_ENV)
     candidates = [Path(given)] if given else [FETCHED_SPIDER_PLUGIN, SYSTEM_SPIDER_PLUGIN]
     path = next((c for c in candidates if c.is_file()), None)
     if path is None:
         raise ServerUnavailableError(
             f"no Spider plugin at {', '.join(map(str, candidates))}: run "
-            f"bash tests/fetch_spider_plugin.sh (make test does), or set {SPIDER_PLUGIN_ENV} to "
-            "an ha_spider.so matching the local mariadbd"
+            "bash tests/sharding/fetch_spider_plugin.sh (make test does), or set "
+            f"{SPIDER_PLUGIN_ENV} to an ha_spider.so matching the local mariadbd"
         )
     return path
 

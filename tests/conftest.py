@@ -15,11 +15,11 @@ pytest_plugins = [
 # longest first).
 # Every test has its own database and tmp_path.
 
-# Run only in its own subprocess (tests/test_sharding_django.py), with its own Django settings:
-# the main run does not collect it at all rather than report it skipped.
+# Run only in its own subprocess (tests/sharding/test_sharding_django.py), with its own Django
+# settings: the main run does not collect it at all rather than report it skipped.
 collect_ignore = (
     [] if os.environ.get("DJANGO_SETTINGS_MODULE") == "example_project.settings"
-    else ["sharding_django_scenario.py"]
+    else ["sharding/sharding_django_scenario.py"]
 )
 
 

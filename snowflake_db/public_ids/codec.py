@@ -9,8 +9,9 @@ decrypted value outside (low bits not zero) is refused, which is the keyed redun
 FF1 here runs with radix 32 on 14 numerals: ``u = v = 7``, ``b = 5``, ``d = 12``, and the tweak
 has 10 bytes, so ``Q`` is one block and FF1's PRF of ``P || Q`` is ``AES(AES(P) xor Q)``.
 ``AES(P)`` is computed once per key, and the tweak and round number are folded into ten
-constants, so a round costs one AES call on one block. ``tests/test_public_ids_ff1.py`` checks
-this path against the literal algorithm in :mod:`._ff1`, which passes NIST's sample vectors.
+constants, so a round costs one AES call on one block.
+``tests/public_ids/test_public_ids_ff1.py`` checks this path against the literal algorithm in
+:mod:`._ff1`, which passes NIST's sample vectors.
 """
 
 from __future__ import annotations

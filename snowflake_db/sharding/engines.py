@@ -2,7 +2,7 @@
 
 Routing with these functions puts a customer's rows on the backend the engine itself would choose,
 so the application knows the owner before it connects. Standard library only; every function is
-checked row by row against real servers in ``tests/test_sharding_engines.py``.
+checked row by row against real servers in ``tests/sharding/test_sharding_engines.py``.
 
 * :func:`postgres_hash_partition` -- PostgreSQL ``PARTITION BY HASH (col)`` on a ``bigint`` (or
   ``integer``: both hash alike for values in the int4 range), also postgres_fdw shards behind such
@@ -153,7 +153,7 @@ def citus_shard_index(value: int, shard_count: int) -> int:
 
 #: latin1_swedish_ci's sort order (``sort_order`` in strings/ctype-latin1.c), derived from a
 #: MariaDB 10.11 server: byte n weighs ``WEIGHT_STRING(CONVERT(CHAR(n) USING latin1) COLLATE
-#: latin1_swedish_ci)`` (one byte each). tests/test_sharding_engines.py re-derives it live.
+#: latin1_swedish_ci)`` (one byte each). tests/sharding/test_sharding_engines.py re-derives it live.
 LATIN1_SWEDISH_CI_SORT_ORDER = bytes.fromhex(
     "000102030405060708090A0B0C0D0E0F101112131415161718191A1B1C1D1E1F"
     "202122232425262728292A2B2C2D2E2F303132333435363738393A3B3C3D3E3F"

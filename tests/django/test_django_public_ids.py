@@ -32,7 +32,7 @@ from snowflake_db.public_ids import (
     parse_keys,
 )
 from tests.django_project.shop.models import Customer, Invoice, Item, Order
-from tests.public_ids_support import foreign_number, mistyped
+from tests.plugins.public_ids_support import foreign_number, mistyped
 
 KEY = generate_key()
 OTHER_KEY = generate_key()

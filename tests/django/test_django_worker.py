@@ -27,7 +27,7 @@ from snowflake_db.django.narrow_columns import narrow_columns
 from snowflake_db.django.worker import DjangoTableWorkerAllocator, configure_from_settings
 from tests.django.conftest import backends
 from tests.django_project.shop.models import Customer, Order
-from tests.outage_support import STEADY_LEASE_SECONDS
+from tests.plugins.outage_support import STEADY_LEASE_SECONDS
 
 LAYOUT = snowflake_db.Layout()
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,166 @@
+"""Helpers shared by tests/core, tests/worker and tests/metrics: Hypothesis
+strategies, a fake allocator that speaks the lease protocol, and running code in a fork."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import strategies as st
+
+from snowflake_db import DEFAULT_EPOCH_MS, Layout
+
+# -- layouts -----------------------------------------------------------------------------------
+
+NOW_MS = time.time_ns() // 1_000_000
+#: 9999-12-31T23:59:59.999Z, the last millisecond a ``datetime`` can hold.
+DATETIME_MAX_MS = 253_402_300_799_999
+
+
+def boundary_ints(low: int, high: int) -> st.SearchStrategy[int]:
+    """Integers in ``[low, high]`` that hit both ends often: off-by-one bugs hide there."""
+    return st.one_of(st.sampled_from([low, high]), st.integers(low, high))
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> Layout:
+    """Valid layouts whose last tick still fits a ``datetime`` (wider ones: see test_layout.py)."""
+    worker_bits = draw(boundary_ints(0, 20))
+    sequence_bits = draw(boundary_ints(0, 20))
+    shard_bits = draw(boundary_ints(0, 8))
+    datacenter_bits = draw(boundary_ints(0, worker_bits))
+    tick_ms = draw(st.one_of(st.sampled_from([1, 2, 10, 1000]), st.integers(1, 10_000)))
+    epoch_ms = draw(boundary_ints(0, NOW_MS - 1) | st.just(DEFAULT_EPOCH_MS))
+    room = 63 - worker_bits - sequence_bits - shard_bits
+    while epoch_ms + (tick_ms << room) - 1 > DATETIME_MAX_MS:
+        room -= 1
+    time_bits = draw(boundary_ints(1, room))
+    return Layout(
+        time_bits=time_bits,
+        worker_bits=worker_bits,
+        sequence_bits=sequence_bits,
+        shard_bits=shard_bits,
+        datacenter_bits=datacenter_bits,
+        epoch_ms=epoch_ms,
+        tick_ms=tick_ms,
+    )
+
+
+# -- leases: the allocator contract, without a database -----------------------------------------
+
+
+@dataclass
+class FakeLease:
+    """A lease as an allocator would hand out; the test moves its fields to simulate renewals."""
+
+    worker_id: int
+    floor_ms: int | None
+    high_water_ms: int
+    valid_until: float
+    lost: bool = False
+    released: bool = False
+    abandoned: bool = False
+    issued_through_ms: list[int] = field(default_factory=list)
+
+    def describe_problem(self) -> str:
+        return f"fake lease of worker {self.worker_id}"
+
+    def issuing_through(self, timestamp_ms: int) -> None:
+        self.issued_through_ms.append(timestamp_ms)
+
+    def release(self) -> None:
+        self.released = True
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+
+@dataclass
+class FakeAllocator:
+    """Hands out ``worker_ids`` in turn, each with the configured floor and high-water mark
+    (by default an hour past the clock's reading at acquisition)."""
+
+    worker_ids: list[int]
+    floor_ms: int | None = None
+    high_water_ms: int | None = None
+    valid_for_s: float = 3600.0
+    leases: list[FakeLease] = field(default_factory=list)
+
+    def acquire(self, *, layout: Layout, clock: Callable[[], int]) -> FakeLease:
+        assert isinstance(layout, Layout)
+        assert callable(clock)
+        lease = FakeLease(
+            worker_id=self.worker_ids[len(self.leases)],
+            floor_ms=self.floor_ms,
+            high_water_ms=(
+                self.high_water_ms if self.high_water_ms is not None else clock() + 3_600_000
+            ),
+            valid_until=time.monotonic() + self.valid_for_s,
+        )
+        self.leases.append(lease)
+        return lease
+
+
+# -- forks -------------------------------------------------------------------------------------
+
+
+def error_report(error: BaseException) -> dict[str, str]:
+    """Exceptions do not always pickle; their class name and message always do."""
+    return {"error": type(error).__name__, "message": str(error)}
+
+
+FORK_TIMEOUT_S = 60
+
+
+def run_in_fork(child: Callable[[], Any], fork: Callable[[], int] = os.fork) -> Any:
+    """Run ``child`` in a forked child; return its result or a report of its exception.
+
+    A fork without Python's hooks (``fork`` other than ``os.fork``) first waits until this
+    process's other threads (pytest-xdist's) have gone quiet: one waiting for the GIL at the fork
+    leaves the child a GIL that can hang it before the library's repair runs (see
+    tests/worker/test_fork_busy_heartbeat.py, which forks beside a busy thread on purpose)."""
+    if fork is not os.fork:
+        # A quiet period, not a wait for the test's own actors: no event says when another
+        # thread (pytest-xdist's) is about to want the GIL, so there is nothing to wait on.
+        time.sleep(0.2)
+    read_fd, write_fd = os.pipe()
+    pid = fork()
+    if pid == 0:  # pragma: no cover - runs in the child, which never returns to pytest
+        exit_code = 1
+        try:
+            # ``child`` first: in a child forked without Python's hooks, any I/O before the
+            # library's repair (its first call) could wait for ever on the GIL.
+            try:
+                result: Any = {"result": child()}
+            except BaseException as error:
+                result = error_report(error)
+            os.close(read_fd)
+            with os.fdopen(write_fd, "wb") as pipe:
+                pipe.write(pickle.dumps(result))
+            exit_code = 0
+        finally:
+            os._exit(exit_code)
+    os.close(write_fd)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + FORK_TIMEOUT_S
+    with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+        while True:  # never let a stuck child hang the suite
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([pipe], [], [], remaining)[0]:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail(f"the forked child gave no answer within {FORK_TIMEOUT_S} s")
+            chunk = pipe.read(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the forked child crashed"
+    return pickle.loads(b"".join(chunks))
