@@ -64,13 +64,22 @@ def _environment(**variables: str) -> dict[str, str]:
 
 
 def _stop(server: subprocess.Popen[str]) -> str:
+    """Stop the server as Ctrl+C does and wait for its own shutdown (killed only past a patient
+    30 s: a killed server's children release nothing, which the tests would see as parked)."""
     server.send_signal(signal.SIGINT)
-    try:
-        output, _ = server.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
+    output: list[str] = []
+
+    def ended(timeout: float) -> bool:
+        try:
+            output[:] = [server.communicate(timeout=timeout)[0]]
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    if not wait_patiently(ended, 30):
         server.kill()
-        output, _ = server.communicate()
-    return output
+        output[:] = [server.communicate()[0]]
+    return output[0]
 
 
 def test_uvicorn_workers_each_lease_their_own_worker_id(app_dir: Path) -> None:
@@ -421,10 +430,13 @@ def test_celery_max_tasks_per_child_recycles_processes_without_parking_slots(
     try:
         for task in range(tasks):
             producer.send_task("tasks.issue", args=(task,))
-        deadline = time.monotonic() + 180
-        while (len(list(results.glob("*.json"))) < tasks and time.monotonic() < deadline
-               and server.poll() is None):
-            time.sleep(0.2)
+        def all_reported(pause: float) -> bool:
+            if len(list(results.glob("*.json"))) >= tasks or server.poll() is not None:
+                return True
+            time.sleep(min(pause, 0.2))
+            return False
+
+        wait_patiently(all_reported, 180)
     finally:
         output = _stop(server)
     reports = [json.loads(path.read_text()) for path in results.glob("*.json")]
