@@ -152,6 +152,10 @@ def _extras() -> set[str]:
     return set(PYPROJECT["project"]["optional-dependencies"])
 
 
+#: Other apps' management commands the docs show, and the script that runs each for real.
+THIRD_PARTY_COMMANDS = {"oscar_fork_app": "benchmarks/oscar_shop.py"}
+
+
 def _check_other(words: list[str], where: str) -> None:
     """Commands that are not run here: check that what they name exists."""
     program, *rest = words
@@ -182,6 +186,9 @@ def _check_other(words: list[str], where: str) -> None:
         if command == "snowflake":
             source = (REPO / "snowflake_db/django/management/commands/snowflake.py").read_text()
             assert f'add_parser("{arguments[0]}"' in source, where
+        elif command in THIRD_PARTY_COMMANDS:  # run where that app is installed
+            runner = REPO / THIRD_PARTY_COMMANDS[command]
+            assert f'"{command}"' in runner.read_text(), f"{where}: {runner} does not run it"
         else:
             assert command in ("migrate", "makemigrations", "check"), where
     elif program in ("uvicorn", "gunicorn"):

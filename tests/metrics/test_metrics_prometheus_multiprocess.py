@@ -88,11 +88,13 @@ SCENARIO = textwrap.dedent(
         os.read(done_read, 1)
         raise SystemExit(0)
     os.read(ready_read, 1)
-    # Its own thread copies its figures every 0.1 s: scrape until they are there (30 s at most;
-    # a child whose thread never copies them leaves the count short, and the test fails).
+    # Its own thread copies its figures every 0.1 s, one counter after another: scrape until
+    # all are there (30 s at most; a child whose thread never copies them leaves the counts
+    # short, and the test fails). Its IDs alone once showed up a scrape before its lease.
     deadline = time.monotonic() + 30
     publisher.publish()
-    while (while_running := scrape()).get("snowflake_db_ids_issued_total") != EVERY_ID:
+    while [(while_running := scrape()).get("snowflake_db_ids_issued_total"),
+           while_running.get("snowflake_db_lease_acquisitions_total")] != [EVERY_ID, 11]:
         if time.monotonic() > deadline:
             break
         time.sleep(0.05)
