@@ -23,7 +23,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_list_and_reap(any_db: ScratchDatabase, capsys: pytest.CaptureFixture[str]) -> None:
     layout = Layout(worker_bits=3)
-    with allocator(any_db) as alloc:
+    # A 30 s lease: the dead one's lapse is set in the table, and the live one must stay live
+    # through the listing (a 2 s one had lapsed under load, its heartbeat not yet run).
+    with allocator(any_db, lease_seconds=30) as alloc:
         live = alloc.acquire(layout=layout, clock=MonotonicClock())
         dead = alloc.acquire(layout=layout, clock=MonotonicClock())
         dead.abandon()  # no more renewals: it expires like a crashed holder's

@@ -28,7 +28,12 @@ from snowflake_db import (
     SnowflakeGenerator,
     WorkerIdExhaustedError,
 )
-from snowflake_db.worker import TableLease, TableWorkerAllocator, _process_hooks
+from snowflake_db.worker import (
+    DEFAULT_LEASE_SECONDS,
+    TableLease,
+    TableWorkerAllocator,
+    _process_hooks,
+)
 from snowflake_db.worker._engine import idle_transaction_seconds
 from snowflake_db.worker._store import db_now_ms
 
@@ -365,10 +370,11 @@ def _forked_worker(out: Path) -> None:
 def test_fork_after_use_gives_each_child_its_own_slot(
     any_db: ScratchDatabase, tmp_path: Path
 ) -> None:
-    # The steady lease: on SQLite the parent's renewals wait for the file's one write lock
-    # while eight children acquire theirs, and beside a second suite a 2 s lease fenced the
-    # parent (a safe refusal, but not what is judged here).
-    alloc = allocator(any_db, lease_seconds=STEADY_LEASE_SECONDS)
+    # A 30 s lease (the default): on SQLite the parent's renewals wait for the file's one write
+    # lock while eight children acquire theirs, and under load a 2 s lease, then the 6 s steady
+    # one ("last renewed 6.8 s ago", at load 14), fenced the parent: a safe refusal, but not
+    # what is judged here, which needs no renewal at all.
+    alloc = allocator(any_db, lease_seconds=DEFAULT_LEASE_SECONDS)
     gen = snowflake_db.configure(allocator=alloc)
     try:
         parent_ids = [snowflake_db.snowflake_default() for _ in range(5000)]
