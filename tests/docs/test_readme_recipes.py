@@ -23,7 +23,7 @@ from markdown_it import MarkdownIt
 
 from snowflake_db import Layout
 
-from ..plugins.scheduler_delay import run_patiently, wait_patiently
+from ..plugins.scheduler_delay import communicate_patiently, run_patiently, wait_patiently
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -67,18 +67,10 @@ def _stop(server: subprocess.Popen[str]) -> str:
     """Stop the server as Ctrl+C does and wait for its own shutdown (killed only past a patient
     30 s: a killed server's children release nothing, which the tests would see as parked)."""
     server.send_signal(signal.SIGINT)
-    output: list[str] = []
-
-    def ended(timeout: float) -> bool:
-        try:
-            output[:] = [server.communicate(timeout=timeout)[0]]
-        except subprocess.TimeoutExpired:
-            return False
-        return True
-
-    if not wait_patiently(ended, 30):
+    output = communicate_patiently(server, 30)
+    if output is None:
         server.kill()
-        output[:] = [server.communicate()[0]]
+        output = server.communicate()
     return output[0]
 
 

@@ -96,6 +96,22 @@ class SchedulerDelay:
             if done(min(remaining, 1.0)):
                 return True
 
+    def communicate(
+        self, process: subprocess.Popen[str], bound: float
+    ) -> tuple[str, str] | None:
+        """``process.communicate()`` with ``wait_for``'s patience: its output once it ended, or
+        None past the patience (the process left running)."""
+        output: list[tuple[str, str]] = []
+
+        def ended(timeout: float) -> bool:
+            try:
+                output.append(process.communicate(timeout=timeout))
+            except subprocess.TimeoutExpired:
+                return False  # communicate() keeps what it read for the next call
+            return True
+
+        return output[0] if self.wait_for(ended, bound) else None
+
     def run(
         self, args: Sequence[str], bound: float, **popen: Any
     ) -> subprocess.CompletedProcess[str]:
@@ -104,17 +120,9 @@ class SchedulerDelay:
         process = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
         )
-        output: list[str] = []
-
-        def ended(timeout: float) -> bool:
-            try:
-                output[:] = process.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                return False  # communicate() keeps what it read for the next call
-            return True
-
         with process:
-            if not self.wait_for(ended, bound):
+            output = self.communicate(process, bound)
+            if output is None:
                 process.kill()
                 process.communicate()
                 raise subprocess.TimeoutExpired(list(args), bound)
@@ -141,6 +149,14 @@ def wait_patiently(done: Callable[[float], bool], bound: float) -> bool:
     """:meth:`SchedulerDelay.wait_for` with a probe of its own."""
     with probing() as probe:
         return probe.wait_for(done, bound)
+
+
+def communicate_patiently(
+    process: subprocess.Popen[str], bound: float
+) -> tuple[str, str] | None:
+    """:meth:`SchedulerDelay.communicate` with a probe of its own."""
+    with probing() as probe:
+        return probe.communicate(process, bound)
 
 
 def run_patiently(
