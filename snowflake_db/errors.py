@@ -167,6 +167,24 @@ class ForeignIdError(InvalidIdError):
     """An ID that cannot come from this router's layout (for example another epoch)."""
 
 
+class ShardMovedError(ShardingError):
+    """A write met the fence of a logical shard that is moving or has moved to another target.
+
+    Raised in place of the database's error (SQLSTATE ``SFM01`` on PostgreSQL); nothing of the
+    transaction was committed, so it is safe to reload the shard map and run it again.
+    """
+
+    def __init__(self, message: str, *, shard: int, target: str, move_id: int | None = None) -> None:
+        super().__init__(message)
+        self.shard = shard
+        self.target = target
+        self.move_id = move_id
+
+
+class ShardMoveError(ShardingError):
+    """A shard move that cannot start or go on; the message names the check and the fix."""
+
+
 # -- command line -----------------------------------------------------------------------------
 
 
