@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .packaging_support import run
+from .packaging_support import install, run
 
 # One group: the sdist and wheel are built once, not once per pytest-xdist worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("packaging")]
@@ -53,8 +53,7 @@ def test_wheel_installs_into_a_fresh_venv_and_works(dist: Path, tmp_path: Path) 
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", "--without-pip", venv)
     fresh_python = venv / "bin" / "python"
-    run(sys.executable, "-m", "pip", "--python", fresh_python, "install", "--quiet",
-         "--no-index", "--no-deps", wheel)
+    install(fresh_python, "--no-index", "--no-deps", wheel)
     env = {key: value for key, value in os.environ.items()
            if key not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "SNOWFLAKE_WORKER_ID",
                           "SNOWFLAKE_WORKER_URL")}

@@ -1,7 +1,7 @@
 """The README's FastAPI quick start, run as written in a fresh venv holding only the wheel and
 its ``fastapi`` extra: ``uvicorn app:app`` serves an order, and the TestClient block passes.
 
-Offline: the extra's requirements are resolved by pip itself (``--no-index``) from a local
+Offline: the extra's requirements are resolved by the installer itself (``--no-index``) from a local
 wheelhouse holding the distributions of the whole dependency closure, repacked from this test
 venv. A requirement missing from the extra is then missing from the fresh venv too.
 """
@@ -28,7 +28,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from .packaging_support import REPO, run
+from .packaging_support import REPO, install, run
 
 # One group: the fresh venv is built once, not once per pytest-xdist worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("quickstart_fastapi")]
@@ -128,8 +128,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _wheelhouse(wheel, wheelhouse)
     venv = root / "venv"
     run(sys.executable, "-m", "venv", "--without-pip", venv)
-    run(sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "--quiet",
-         "--no-index", "--find-links", wheelhouse, f"{wheel}[{EXTRA}]")
+    install(venv / "bin" / "python", "--no-index", "--find-links", wheelhouse, f"{wheel}[{EXTRA}]")
     return venv
 
 
