@@ -457,9 +457,9 @@ def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_sha
             assert refused.value.sqlstate == FENCE_SQLSTATE, statement
             assert refused.value.diag.message_detail == detail
             assert "reload the shard map" in (refused.value.diag.message_hint or "")
-        with pytest.raises(psycopg.Error) as refused_copy:
-            with conn.cursor().copy("COPY orders (id, customer_id, total_cents) FROM STDIN") as cp:
-                cp.write_row((101, 1, 1))
+        copy = "COPY orders (id, customer_id, total_cents) FROM STDIN"
+        with pytest.raises(psycopg.Error) as refused_copy, conn.cursor().copy(copy) as rows:
+            rows.write_row((101, 1, 1))
         assert refused_copy.value.sqlstate == FENCE_SQLSTATE
         other = (7777 << 4) | 6
         conn.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 1, 1)",
@@ -561,11 +561,28 @@ def test_cleanup_with_the_source_unreachable_then_back(pair: Pair) -> None:
     with pair.connect("source") as conn:
         assert conn.execute("SELECT slot_name FROM pg_replication_slots").fetchall() == [
             (backend.name,)]
+    # A table copy running when the source went down leaves pg_<suboid>_sync_<relid>_<sysid>
+    # (dropped subscription, one of the move's tables on the target): the move's to drop. One
+    # for a table that is not the move's stays.
+    with pair.connect("target") as conn:
+        row = conn.execute("SELECT (SELECT system_identifier FROM pg_control_system()), "
+                           "'orders'::regclass::oid::bigint").fetchone()
+        assert row is not None
+        sysid, relid = row
+    orphan, foreign = f"pg_999999_sync_{relid}_{sysid}", f"pg_999999_sync_1_{sysid}"
+    with pair.connect("source") as conn:
+        for slot in (orphan, foreign):
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     fresh = pair.backend(shard=9, move_id=backend.move_id)
-    assert fresh.leftovers().slots == (backend.name,)
+    assert sorted(fresh.leftovers().slots) == sorted([backend.name, orphan])
     report = fresh.cleanup()
     assert report.source_pending is False
     assert f"dropped slot {backend.name} on the source" in report.done
+    assert f"dropped slot {orphan} on the source" in report.done
+    with pair.connect("source") as conn:
+        assert conn.execute("SELECT slot_name FROM pg_replication_slots").fetchall() == [
+            (foreign,)]
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (foreign,))
     fresh.delete_target_rows()
     assert fresh.leftovers() == Leftovers()
     pair.assert_nothing_left()
@@ -602,4 +619,25 @@ def test_verify_detects_a_tampered_row_on_the_target(pair: Pair) -> None:
         backend.cleanup()
         backend.delete_target_rows()
         assert backend.leftovers() == Leftovers()
+    pair.assert_nothing_left()
+
+
+def test_errors_name_the_server_but_never_the_password(pair: Pair) -> None:
+    secret = "hunter2-s3cret"
+    port = local_servers.free_port()
+    nowhere = f"host=127.0.0.1 port={port} user=postgres password={secret} dbname=shop"
+    with pytest.raises(ShardMoveError) as unreachable:
+        pair.backend(source=nowhere).check()
+    assert f"cannot connect to the source 127.0.0.1:{port}/shop" in str(unreachable.value)
+    assert secret not in str(unreachable.value)
+
+    # The subscription's connection string reaches the target only inside CREATE SUBSCRIPTION.
+    backend = pair.backend(shard=2, source_conninfo_for_target=nowhere)
+    backend.capture()
+    with pytest.raises(ShardMoveError) as refused:
+        backend.copy()
+    assert "CREATE SUBSCRIPTION" in str(refused.value) and secret not in str(refused.value)
+    assert str(port) in str(refused.value)  # the target's own words: where it could not connect
+    backend.cleanup()
+    assert backend.leftovers() == Leftovers()
     pair.assert_nothing_left()
