@@ -51,6 +51,7 @@ wal_level = logical
 max_replication_slots = 6
 max_wal_senders = 6
 wal_retrieve_retry_interval = '200ms'
+track_commit_timestamp = on
 """
 TARGET_CONF = """
 max_logical_replication_workers = 6
@@ -63,6 +64,8 @@ DDL = [
     """CREATE TABLE order_items (id bigint PRIMARY KEY, order_id bigint NOT NULL,
        sku text NOT NULL, qty integer NOT NULL, price numeric(10, 2) NOT NULL,
        weight double precision)""",
+    # Items live on their order's shard (same low bits); deletes go children first.
+    "ALTER TABLE order_items ADD FOREIGN KEY (order_id) REFERENCES orders (id)",
 ]
 LOAD = [
     """INSERT INTO orders (id, customer_id, total_cents, created_at, note)
@@ -151,13 +154,38 @@ class Pair:
 
 
 @pytest.fixture
-def pair(clusters: Clusters) -> Pair:
+def pair(clusters: Clusters) -> Iterator[Pair]:
     db = f"moves{next(_databases)}"
     for cluster in (clusters.source, clusters.target):
         cluster.create_database(db)
         cluster.execute(*DDL, database=db)
     clusters.source.execute(*LOAD, database=db)
-    return Pair(clusters, db)
+    yield Pair(clusters, db)
+    _drop_replication_objects(clusters, db)
+
+
+def _drop_replication_objects(clusters: Clusters, db: str) -> None:
+    """After each test, whatever it left (a failed test must not fail the next ones):
+    subscriptions of ``db`` on the target, slots of ``db`` on the source."""
+    pair = Pair(clusters, db)
+    with pair.connect("target") as conn:
+        for (name,) in conn.execute("SELECT subname::text FROM pg_subscription s JOIN "
+                                    "pg_database d ON d.oid = s.subdbid WHERE d.datname = %s",
+                                    (db,)).fetchall():
+            for statement in ("ALTER SUBSCRIPTION {} DISABLE",
+                              "ALTER SUBSCRIPTION {} SET (slot_name = NONE)",
+                              "DROP SUBSCRIPTION {}"):
+                conn.execute(statement.format(f'"{name}"').encode())
+    with pair.connect("source") as conn:
+        for slot, pid in conn.execute("SELECT slot_name::text, active_pid FROM "
+                                      "pg_replication_slots WHERE database = %s",
+                                      (db,)).fetchall():
+            if pid is not None:
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                wait_until(lambda slot=slot: conn.execute(
+                    "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                    (slot,)).fetchone() in (None, (None,)), timeout_s=10, what="slot released")
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
 
 # -- writers -----------------------------------------------------------------------------------
@@ -413,18 +441,17 @@ def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_sha
     backend = pair.backend(shard=shard, source=engines[0], target=engines[1])
     run_move_steps(backend, timeout_s=STEP_TIMEOUT_S, stop_after="caught_up")
     straggler_id = (7777 << 4) | shard
-    events: dict[str, float] = {}
     outcome: dict[str, Any] = {}
     with pair.connect("source", autocommit=False) as straggler, pair.connect("source") as watch:
         straggler.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 1, 1)",
                           (straggler_id,))
+        straggler_xid = straggler.execute("SELECT txid_current()").fetchone()
 
         def fence() -> None:
             try:
                 outcome["fence"] = backend.fence()
             except BaseException as error:  # reported below
                 outcome["error"] = error
-            events["fenced"] = time.monotonic()
 
         thread = threading.Thread(target=fence)
         thread.start()
@@ -433,10 +460,15 @@ def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_sha
             "AND query LIKE 'CREATE OR REPLACE TRIGGER%'").fetchone() == (1,),
             timeout_s=30, what="the fence waiting for the straggler's lock")
         straggler.commit()
-        events["committed"] = time.monotonic()
         thread.join(STEP_TIMEOUT_S)
+        # The database's own record of the order: the fence committed after the straggler
+        # (track_commit_timestamp; the fence's transaction is its triggers' xmin).
+        assert watch.execute(
+            """SELECT pg_xact_commit_timestamp(t.xmin) > pg_xact_commit_timestamp(%s::xid)
+               FROM pg_trigger t WHERE t.tgname = %s""",
+            (str(straggler_xid[0] if straggler_xid else 0), f"sfdb_fence_{backend.move_id}_w"),
+        ).fetchall() == [(True,), (True,)]
     assert "error" not in outcome, outcome.get("error")
-    assert events["fenced"] > events["committed"]
     fenced = outcome["fence"]
     wait_until(lambda: backend.drained(fenced.lsn), timeout_s=STEP_TIMEOUT_S, what="drained")
     assert straggler_id in pair.rows("target", "orders", shard)
@@ -447,7 +479,7 @@ def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_sha
         f"UPDATE orders SET status = 'x' WHERE id = {straggler_id}",
         f"DELETE FROM orders WHERE id = {straggler_id}",
         "INSERT INTO order_items (id, order_id, sku, qty, price) VALUES (85, 1, 'a', 1, 1)",
-        "TRUNCATE orders",
+        "TRUNCATE orders, order_items",
         "TRUNCATE order_items",
     ]
     with pair.connect("source") as conn:
@@ -466,7 +498,8 @@ def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_sha
                      (other,))
         conn.execute("UPDATE orders SET status = 'paid' WHERE id = %s", (other,))
         conn.execute("DELETE FROM orders WHERE id = %s", (other,))
-        conn.execute("DELETE FROM orders WHERE id = 102")  # a loaded row of shard 6
+        conn.execute("DELETE FROM order_items WHERE order_id = 102")  # loaded, shard 6
+        conn.execute("DELETE FROM orders WHERE id = 102")
     assert fenced.lsn  # journaled by the orchestration
     assert straggler_id in pair.rows("source", "orders", shard)
 

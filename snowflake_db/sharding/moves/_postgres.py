@@ -96,7 +96,8 @@ class PostgresMoveBackend:
     string the target's subscription uses to reach the source (its ``CONNECTION``; prefer a
     password file on the target to a password in it: PostgreSQL shows the statement in
     ``pg_stat_activity`` and logs it if it fails). ``target_name`` is the shard map's name of
-    the target, written into the fence's error for the application.
+    the target, written into the fence's error for the application. List ``tables`` parents
+    first: rows are deleted in the reverse order, so foreign keys between them hold.
     """
 
     def __init__(
@@ -768,7 +769,7 @@ class PostgresMoveBackend:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise InvalidArgumentError(f"batch_size {batch_size!r} must be an int >= 1")
         total = 0
-        for table in self.tables:
+        for table in reversed(self.tables):  # children (listed after their parents) first
             if self._regclass(conn, table) is None:
                 continue
             delete = sql.SQL(
