@@ -1,0 +1,53 @@
+"""Online moves of a logical shard between PostgreSQL servers: the database steps.
+
+:class:`PostgresMoveBackend` holds the steps of one move (``docs/design/shard-moves.md``):
+``check``, ``capture``, ``copy``, ``copy_progress``/``lag``, ``fence``, ``drained``,
+``verify``, ``unfence``, ``cleanup``, ``delete_source_rows``, ``delete_target_rows`` and
+``leftovers``. Each is idempotent and finds its objects by name, so it can run again after the
+mover died. The journal, the shard map and the flip belong to the orchestration; the driver
+:func:`run_move_steps` runs the steps in order without them (tests, scripts).
+
+Needs psycopg 3 (the ``postgres`` extra).
+"""
+
+from ._connections import Endpoint
+from ._driver import MOVE_STEPS, run_move_steps, wait_until
+from ._postgres import (
+    FENCE_BYPASS_SETTING,
+    FENCE_FUNCTION,
+    FENCE_SQLSTATE,
+    PostgresMoveBackend,
+)
+from ._results import (
+    Blocker,
+    CleanupReport,
+    CopyProgress,
+    FenceBlockedError,
+    FenceResult,
+    Leftovers,
+    MovedTable,
+    TableChecksum,
+    Verification,
+    VerificationMismatchError,
+)
+
+__all__ = [
+    "FENCE_BYPASS_SETTING",
+    "FENCE_FUNCTION",
+    "FENCE_SQLSTATE",
+    "MOVE_STEPS",
+    "Blocker",
+    "CleanupReport",
+    "CopyProgress",
+    "Endpoint",
+    "FenceBlockedError",
+    "FenceResult",
+    "Leftovers",
+    "MovedTable",
+    "PostgresMoveBackend",
+    "TableChecksum",
+    "Verification",
+    "VerificationMismatchError",
+    "run_move_steps",
+    "wait_until",
+]

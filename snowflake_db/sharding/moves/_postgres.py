@@ -1,0 +1,811 @@
+"""The PostgreSQL steps of an online move of one logical shard from a source to a target.
+
+Each method is one step of ``docs/design/shard-moves.md``: idempotent, and finding its objects
+by name (``sfdb_move_<move id>`` for the publication, slot and subscription,
+``sfdb_fence_<move id>_{w,d,t}`` for the fence triggers), so that any step can run again after
+the mover died, and :meth:`PostgresMoveBackend.cleanup` removes whatever a run left. Which
+step runs when, the journal and the shard map belong to the orchestration, not here.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from ...errors import InvalidArgumentError, ShardMoveError
+from ...layout import Layout
+from ._connections import CONNECT_TIMEOUT_S, Connector, Endpoint
+from ._results import (
+    Blocker,
+    CleanupReport,
+    CopyProgress,
+    FenceBlockedError,
+    FenceResult,
+    Leftovers,
+    MovedTable,
+    TableChecksum,
+    Verification,
+    VerificationMismatchError,
+)
+
+#: SQLSTATE of a write refused by a fence (the library maps it to ShardMovedError).
+FENCE_SQLSTATE = "SFM01"
+#: The trigger function every fence trigger calls; its arguments are shard, target, move.
+FENCE_FUNCTION = "sfdb_fence_refuse"
+#: A session setting equal to the shard number lets the mover's own deletes pass the fence.
+#: The fence guards against stale routing, not against a user who means to bypass it.
+FENCE_BYPASS_SETTING = "sfdb.fence_bypass"
+#: The fence's three triggers: INSERT or UPDATE, DELETE, TRUNCATE.
+FENCE_SUFFIXES = ("w", "d", "t")
+#: Slots and senders a move needs free on the source: its slot and one table copy's.
+NEEDED_SLOTS = 2
+NEEDED_SENDERS = 2
+NEEDED_WORKERS = 2
+
+_FENCE_BODY = f"""
+BEGIN
+    IF current_setting('{FENCE_BYPASS_SETTING}', true) = TG_ARGV[0] THEN
+        IF TG_OP = 'DELETE' THEN
+            RETURN OLD;
+        END IF;
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION USING
+        ERRCODE = '{FENCE_SQLSTATE}',
+        MESSAGE = format('shard %s of %s moved to %s', TG_ARGV[0], TG_TABLE_NAME, TG_ARGV[1]),
+        DETAIL = format('shard=%s target=%s move=%s', TG_ARGV[0], TG_ARGV[1], TG_ARGV[2]),
+        HINT = 'reload the shard map and retry the transaction';
+END
+"""
+_TARGET_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,63}$")
+_SYNC_SLOT = re.compile(r"^pg_(\d+)_sync_(\d+)_(\d+)$")
+# Lock modes a session keeps while it writes a table; CREATE TRIGGER (SHARE ROW EXCLUSIVE)
+# waits for each of them, DROP TRIGGER (ACCESS EXCLUSIVE) also for readers.
+_WRITE_LOCKS = ("RowExclusiveLock", "ShareUpdateExclusiveLock", "ShareLock",
+                "ShareRowExclusiveLock", "ExclusiveLock", "AccessExclusiveLock")
+_ANY_LOCKS = ("AccessShareLock", "RowShareLock", *_WRITE_LOCKS)
+_CHECKSUM_SETTINGS = (
+    ("TimeZone", "UTC"), ("DateStyle", "ISO, YMD"), ("IntervalStyle", "postgres"),
+    ("extra_float_digits", "3"), ("bytea_output", "hex"),
+)
+
+
+@dataclass(frozen=True)
+class _TargetFacts:
+    """What tells the move's table-copy slots apart on the source: the target's system ID,
+    its tables' OIDs and the subscriptions that exist there."""
+
+    system_identifier: int
+    relids: frozenset[int]
+    subscriptions: frozenset[int]
+    our_subscription: int | None
+
+
+class PostgresMoveBackend:
+    """The steps of move ``move_id`` of logical shard ``shard`` from ``source`` to ``target``.
+
+    ``source`` and ``target`` are connection strings, SQLAlchemy engines (psycopg driver) or
+    psycopg connections, used by the mover; ``source_conninfo_for_target`` is the connection
+    string the target's subscription uses to reach the source (its ``CONNECTION``; prefer a
+    password file on the target to a password in it: PostgreSQL shows the statement in
+    ``pg_stat_activity`` and logs it if it fails). ``target_name`` is the shard map's name of
+    the target, written into the fence's error for the application. List ``tables`` parents
+    first: rows are deleted in the reverse order, so foreign keys between them hold.
+    """
+
+    def __init__(
+        self,
+        *,
+        source: Endpoint,
+        target: Endpoint,
+        source_conninfo_for_target: str,
+        layout: Layout,
+        shard: int,
+        move_id: int,
+        target_name: str,
+        tables: Sequence[MovedTable | str],
+        lock_timeout_ms: int = 100,
+        fence_attempts: int = 50,
+        retry_pause_s: float = 0.05,
+        slot_timeout_s: float = 30.0,
+    ) -> None:
+        if not isinstance(move_id, int) or isinstance(move_id, bool) or not 0 <= move_id < 2**63:
+            raise InvalidArgumentError(f"move_id {move_id!r} must be an int in [0, 2**63)")
+        if not isinstance(target_name, str) or not _TARGET_NAME.match(target_name):
+            raise InvalidArgumentError(
+                f"target_name {target_name!r} must be 1-63 letters, digits or _ . : -"
+            )
+        if not tables:
+            raise InvalidArgumentError("tables is empty: a move needs at least one sharded table")
+        for name, value, low in (("lock_timeout_ms", lock_timeout_ms, 1),
+                                 ("fence_attempts", fence_attempts, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise InvalidArgumentError(f"{name} {value!r} must be an int >= {low}")
+        self.layout = layout
+        self.shard = shard
+        self.move_id = move_id
+        self.target_name = target_name
+        self.tables = tuple(t if isinstance(t, MovedTable) else MovedTable(t) for t in tables)
+        if len({t.name for t in self.tables}) != len(self.tables):
+            raise InvalidArgumentError(f"tables {[t.name for t in self.tables]} name one twice")
+        self.lock_timeout_ms = lock_timeout_ms
+        self.fence_attempts = fence_attempts
+        self.retry_pause_s = retry_pause_s
+        self.slot_timeout_s = slot_timeout_s
+        self.name = f"sfdb_move_{move_id}"
+        self._source = Connector(source, "source")
+        self._target = Connector(target, "target")
+        try:
+            parts = conninfo_to_dict(source_conninfo_for_target)
+        except psycopg.ProgrammingError as error:  # the message quotes no part of the string
+            raise InvalidArgumentError(
+                "source_conninfo_for_target is not a libpq connection string or URI"
+            ) from error
+        # A subscription to a source that does not answer must fail, not hang (DROP too).
+        self._subscription_conninfo = (
+            source_conninfo_for_target if "connect_timeout" in parts
+            else make_conninfo(source_conninfo_for_target, connect_timeout=CONNECT_TIMEOUT_S)
+        )
+        self._suboid: int | None = None
+
+    # -- names and SQL pieces -----------------------------------------------------------------
+
+    @property
+    def mask(self) -> int:
+        return self.layout.max_shard
+
+    def trigger_names(self) -> list[str]:
+        return [f"sfdb_fence_{self.move_id}_{suffix}" for suffix in FENCE_SUFFIXES]
+
+    @staticmethod
+    def _table(table: MovedTable) -> sql.Identifier:
+        return sql.Identifier(*table.name.split("."))
+
+    def _shard_filter(self, table: MovedTable, row: str | None = None) -> sql.Composed:
+        """``(("id" & 15) = 5)``, of ``row``'s column (``NEW``/``OLD``) when given."""
+        column = (sql.Identifier(row, table.id_column) if row else sql.Identifier(table.id_column))
+        return sql.SQL("(({} & {}) = {})").format(
+            column, sql.SQL(str(self.mask)), sql.SQL(str(self.shard)))
+
+    def _regclass(self, conn: psycopg.Connection[Any], table: MovedTable) -> int | None:
+        quoted = ".".join(f'"{part}"' for part in table.name.split("."))
+        oid = _one(conn, "SELECT to_regclass(%s)::oid", (quoted,))
+        return None if oid is None else int(oid)
+
+    @staticmethod
+    def _columns(conn: psycopg.Connection[Any], oid: int) -> list[tuple[str, str]]:
+        rows = conn.execute(
+            "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (oid,)
+        ).fetchall()
+        return [(str(name), str(kind)) for name, kind in rows]
+
+    # -- check -------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Every pre-check of a move; the first failure is a :class:`ShardMoveError` naming the
+        check and the fix. Reads only: nothing is created on either server."""
+        if self.layout.shard_bits == 0:
+            raise ShardMoveError(
+                "check 'layout': the layout has no shard bits (shard_bits=0), so a shard is not "
+                "id & mask and cannot be moved by its rows' IDs; moves need Layout(shard_bits>0)"
+            )
+        if isinstance(self.shard, bool) or not isinstance(self.shard, int) or not (
+            0 <= self.shard <= self.mask
+        ):
+            raise ShardMoveError(
+                f"check 'shard': shard {self.shard!r} is not a logical shard of this layout "
+                f"(0..{self.mask}, {self.layout.shard_bits} shard bits)"
+            )
+        with self._source.session() as s:
+            self._check_source_settings(s)
+            source_columns = {t.name: self._check_source_table(s, t) for t in self.tables}
+        with self._target.session() as t:
+            self._check_target(t, source_columns)
+
+    def _check_source_settings(self, s: psycopg.Connection[Any]) -> None:
+        where = f"on the source {self._source.description}"
+        wal_level = _one(s, "SELECT current_setting('wal_level')")
+        if wal_level != "logical":
+            raise ShardMoveError(
+                f"check 'wal_level': wal_level is {wal_level!r} {where}; a move needs "
+                "wal_level = logical in its postgresql.conf (ALTER SYSTEM SET wal_level = "
+                "logical), which takes a restart of the source"
+            )
+        free_slots = _one(s, """SELECT current_setting('max_replication_slots')::int
+            - (SELECT count(*) FROM pg_replication_slots WHERE slot_name <> %s)""", (self.name,))
+        if free_slots < NEEDED_SLOTS:
+            raise ShardMoveError(
+                f"check 'replication slots': {free_slots} free replication slot(s) {where}, a "
+                f"move needs {NEEDED_SLOTS} (its own and one table copy's); raise "
+                "max_replication_slots (takes a restart) or drop unused slots "
+                "(pg_replication_slots)"
+            )
+        free_senders = _one(s, """SELECT current_setting('max_wal_senders')::int
+            - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')""")
+        if free_senders < NEEDED_SENDERS:
+            raise ShardMoveError(
+                f"check 'wal senders': {free_senders} free WAL sender(s) {where}, a move needs "
+                f"{NEEDED_SENDERS} (its stream and one table copy); raise max_wal_senders "
+                "(takes a restart) or end idle replication connections (pg_stat_replication)"
+            )
+
+    def _check_source_table(self, s: psycopg.Connection[Any], table: MovedTable
+                            ) -> list[tuple[str, str]]:
+        where = f"on the source {self._source.description}"
+        oid = self._regclass(s, table)
+        if oid is None:
+            raise ShardMoveError(f"check 'tables': table {table.name} does not exist {where}")
+        relkind = _one(s, "SELECT relkind FROM pg_class WHERE oid = %s", (oid,))
+        if relkind != "r":
+            raise ShardMoveError(
+                f"check 'tables': {table.name} {where} is not a plain table (relkind "
+                f"{relkind!r}); moving partitioned tables is not supported yet"
+            )
+        columns = self._columns(s, oid)
+        kinds = dict(columns)
+        if kinds.get(table.id_column) != "bigint":
+            raise ShardMoveError(
+                f"check 'id column': {table.name}.{table.id_column} {where} is "
+                f"{kinds.get(table.id_column, 'missing')}, not the bigint Snowflake ID the shard "
+                "bits are read from; pass MovedTable(name, id_column=...)"
+            )
+        identity, covered = s.execute(
+            """SELECT c.relreplident::text, coalesce((
+                   SELECT bool_or(a.attname = %s) FROM pg_index i
+                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+                   WHERE i.indrelid = c.oid AND ((c.relreplident = 'd' AND i.indisprimary)
+                         OR (c.relreplident = 'i' AND i.indisreplident))), false)
+               FROM pg_class c WHERE c.oid = %s""", (table.id_column, oid)).fetchone() or ("", 0)
+        if identity != "f" and not covered:
+            raise ShardMoveError(
+                f"check 'replica identity': the replica identity of {table.name} {where} "
+                f"(relreplident {identity!r}) does not cover {table.id_column}: the move's row "
+                f"filter on {table.id_column} would make every UPDATE and DELETE of the table "
+                f"fail on the source (42P10); give it a primary key on {table.id_column} or "
+                "ALTER TABLE ... REPLICA IDENTITY USING INDEX (a unique index with "
+                f"{table.id_column}) or REPLICA IDENTITY FULL"
+            )
+        return columns
+
+    def _check_target(self, t: psycopg.Connection[Any],
+                      source_columns: dict[str, list[tuple[str, str]]]) -> None:
+        where = f"on the target {self._target.description}"
+        free_workers = _one(t, """SELECT current_setting('max_logical_replication_workers')::int
+            - (SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL)""")
+        if free_workers < NEEDED_WORKERS:
+            raise ShardMoveError(
+                f"check 'logical replication workers': {free_workers} free {where}, a move "
+                f"needs {NEEDED_WORKERS} (apply and one table copy); raise "
+                "max_logical_replication_workers (takes a restart)"
+            )
+        for table in self.tables:
+            oid = self._regclass(t, table)
+            if oid is None:
+                raise ShardMoveError(
+                    f"check 'tables': table {table.name} does not exist {where}; create it with "
+                    "the application's migrations first"
+                )
+            columns = self._columns(t, oid)
+            if columns != source_columns[table.name]:
+                raise ShardMoveError(
+                    f"check 'columns': {table.name} differs between source and target (names, "
+                    f"types and order must match): source {source_columns[table.name]}, target "
+                    f"{columns}; run the same migrations on both"
+                )
+            query = sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE {})").format(
+                self._table(table), self._shard_filter(table))
+            if _one(t, query):
+                raise ShardMoveError(
+                    f"check 'target rows': {table.name} {where} already has rows of shard "
+                    f"{self.shard} ({table.id_column} & {self.mask} = {self.shard}); delete them "
+                    "(an aborted move's copy?) before moving the shard there"
+                )
+
+    # -- capture and copy --------------------------------------------------------------------
+
+    def capture(self) -> None:
+        """Source: the publication of the shard's rows of every table, then the slot.
+
+        The publication must exist first: pgoutput reads it through the slot's snapshot, so a
+        slot created before it fails with "publication does not exist" (measured).
+        """
+        with self._source.session() as s:
+            has_publication = _exists(s, "SELECT 1 FROM pg_publication WHERE pubname = %s",
+                                      self.name)
+            has_slot = self._slot_exists(s)
+            if not has_publication:
+                if has_slot:
+                    raise ShardMoveError(
+                        f"capture: slot {self.name} exists on the source without its "
+                        "publication (made before it, it cannot decode the publication); run "
+                        "cleanup, then capture again"
+                    )
+                entries = sql.SQL(", ").join(
+                    sql.SQL("TABLE {} WHERE {}").format(self._table(t), self._shard_filter(t))
+                    for t in self.tables
+                )
+                s.execute(sql.SQL("CREATE PUBLICATION {} FOR {}").format(
+                    sql.Identifier(self.name), entries))
+            if not has_slot:
+                self._create_slot(s)
+
+    def _slot_exists(self, s: psycopg.Connection[Any]) -> bool:
+        return _exists(s, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", self.name)
+
+    def _create_slot(self, s: psycopg.Connection[Any]) -> None:
+        """The slot waits for running write transactions (a consistent start); bounded."""
+        try:
+            with s.transaction():
+                s.execute(sql.SQL("SET LOCAL statement_timeout = {}").format(
+                    sql.Literal(f"{int(self.slot_timeout_s * 1000)}ms")))
+                s.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
+                          (self.name,))
+        except psycopg.errors.QueryCanceled as error:
+            old = s.execute(
+                """SELECT pid, round(extract(epoch FROM now() - xact_start)::numeric, 1)
+                   FROM pg_stat_activity WHERE backend_xid IS NOT NULL
+                   AND pid <> pg_backend_pid() ORDER BY xact_start LIMIT 5""").fetchall()
+            raise ShardMoveError(
+                f"capture: slot {self.name} not created in {self.slot_timeout_s} s: it waits "
+                "for every write transaction running on the source to end; oldest (pid, "
+                f"seconds): {old}"
+            ) from error
+
+    def copy(self) -> int:
+        """Target: the subscription (the mover's slot, ``copy_data = true``); returns its OID
+        (journal it: the table-copy slots on the source are named after it)."""
+        with self._source.session() as s:
+            if not self._slot_exists(s):
+                raise ShardMoveError(f"copy: slot {self.name} does not exist on the source; "
+                                     "run capture first")
+        with self._target.session() as t:
+            suboid = self._subscription_oid(t)
+            if suboid is None:
+                statement = sql.SQL(
+                    "CREATE SUBSCRIPTION {name} CONNECTION {conninfo} PUBLICATION {name} WITH "
+                    "(create_slot = false, slot_name = {slot}, copy_data = true)"
+                ).format(name=sql.Identifier(self.name),
+                         conninfo=sql.Literal(self._subscription_conninfo),
+                         slot=sql.Literal(self.name))
+                try:
+                    t.execute(statement)
+                except psycopg.Error as error:
+                    raise ShardMoveError(
+                        f"copy: CREATE SUBSCRIPTION {self.name} on the target "
+                        f"{self._target.description} failed ({error.sqlstate}): "
+                        f"{error.diag.message_primary}"
+                    ) from error
+                suboid = self._subscription_oid(t)
+            assert suboid is not None
+            self._suboid = suboid
+            return suboid
+
+    def _subscription_oid(self, t: psycopg.Connection[Any]) -> int | None:
+        suboid: int | None = _one(
+            t, """SELECT oid::bigint FROM pg_subscription WHERE subname = %s
+                  AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())""",
+            (self.name,))
+        if suboid is not None:
+            self._suboid = suboid
+        return suboid
+
+    def copy_progress(self) -> CopyProgress:
+        """Target: each table's subscription state; ``synced`` once every one is ready."""
+        with self._target.session() as t:
+            if self._subscription_oid(t) is None:
+                raise ShardMoveError(f"copy_progress: no subscription {self.name} on the target")
+            names = {self._regclass(t, table): table.name for table in self.tables}
+            rows = t.execute(
+                """SELECT r.srrelid::bigint, r.srsubstate::text FROM pg_subscription_rel r
+                   JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = %s
+                   AND s.subdbid = (SELECT oid FROM pg_database
+                                    WHERE datname = current_database())""",
+                (self.name,)).fetchall()
+        return CopyProgress({names.get(relid, str(relid)): state for relid, state in rows},
+                            len(self.tables))
+
+    def lag(self) -> int | None:
+        """Source: bytes of WAL the target has not confirmed (``None`` until it first did)."""
+        with self._source.session() as s:
+            if not self._slot_exists(s):
+                raise ShardMoveError(f"lag: slot {self.name} does not exist on the source")
+            lag: int | None = _one(
+                s, """SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
+                      FROM pg_replication_slots WHERE slot_name = %s""", (self.name,))
+            return lag
+
+    # -- fence, drain ------------------------------------------------------------------------
+
+    def fence(self, *, terminate_blockers: bool = False) -> FenceResult:
+        """Source: the fence triggers on every table, in one transaction under
+        ``lock_timeout``, retried up to ``fence_attempts`` times.
+
+        ``CREATE TRIGGER`` waits for every transaction that wrote a table, so a write of the
+        shard either commits before the fence LSN (and is streamed) or meets the fence. When
+        the budget is spent, the sessions holding locks are reported
+        (:class:`FenceBlockedError`), or with ``terminate_blockers`` ended (their
+        transactions roll back: nothing acknowledged is lost) and the budget tried once more.
+        """
+        with self._source.session() as s:
+            oids = self._source_oids(s, "fence")
+            self._ensure_fence_function(s)
+            if self._fence_complete(s, oids):
+                return FenceResult(lsn=_one(s, "SELECT pg_current_wal_lsn()::text"), attempts=0)
+            statements = [self._trigger_sql(table) for table in self.tables]
+            terminated: tuple[int, ...] = ()
+            attempts = 0
+            for round_ in range(2 if terminate_blockers else 1):
+                taken, tried = self._under_lock_timeout(s, [q for qs in statements for q in qs])
+                attempts += tried
+                if taken:
+                    lsn = _one(s, "SELECT pg_current_wal_lsn()::text")
+                    return FenceResult(lsn=lsn, attempts=attempts, terminated=terminated)
+                blockers = self._blockers(s, oids, _WRITE_LOCKS)
+                if round_ == 0 and terminate_blockers and blockers:
+                    terminated = tuple(sorted({b.pid for b in blockers}))
+                    for pid in terminated:
+                        s.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                    continue
+                raise FenceBlockedError(
+                    f"fence: lock not granted in {attempts} attempts of {self.lock_timeout_ms} "
+                    f"ms on the source {self._source.description}; sessions holding write locks "
+                    f"on the moving tables: {_describe(blockers)}; end them or rerun fence "
+                    "with terminate_blockers=True (nothing was created)",
+                    blockers=blockers,
+                )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _trigger_sql(self, table: MovedTable) -> list[sql.Composed]:
+        w, d, t = (sql.Identifier(n) for n in self.trigger_names())
+        args = sql.SQL(", ").join(sql.Literal(str(v))
+                                  for v in (self.shard, self.target_name, self.move_id))
+        parts = {"t": self._table(table), "f": sql.Identifier(FENCE_FUNCTION), "a": args}
+        return [
+            sql.SQL("CREATE OR REPLACE TRIGGER {n} BEFORE INSERT OR UPDATE ON {t} FOR EACH ROW "
+                    "WHEN ({c}) EXECUTE FUNCTION {f}({a})").format(
+                n=w, c=self._shard_filter(table, "new"), **parts),
+            sql.SQL("CREATE OR REPLACE TRIGGER {n} BEFORE DELETE ON {t} FOR EACH ROW "
+                    "WHEN ({c}) EXECUTE FUNCTION {f}({a})").format(
+                n=d, c=self._shard_filter(table, "old"), **parts),
+            sql.SQL("CREATE OR REPLACE TRIGGER {n} BEFORE TRUNCATE ON {t} FOR EACH STATEMENT "
+                    "EXECUTE FUNCTION {f}({a})").format(n=t, **parts),
+        ]
+
+    def _ensure_fence_function(self, s: psycopg.Connection[Any]) -> None:
+        current = _one(s, "SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure(%s)",
+                       (f"{FENCE_FUNCTION}()",))
+        if current != _FENCE_BODY:
+            s.execute(sql.SQL(
+                "CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS {}"
+            ).format(sql.Identifier(FENCE_FUNCTION), sql.Literal(_FENCE_BODY)))
+
+    def _source_oids(self, s: psycopg.Connection[Any], step: str) -> list[int]:
+        oids = []
+        for table in self.tables:
+            oid = self._regclass(s, table)
+            if oid is None:
+                raise ShardMoveError(f"{step}: table {table.name} does not exist on the source")
+            oids.append(oid)
+        return oids
+
+    def _fence_triggers(self, s: psycopg.Connection[Any], oids: Iterable[int]) -> list[str]:
+        rows = s.execute(
+            "SELECT tgrelid::regclass::text || '.' || tgname FROM pg_trigger "
+            "WHERE tgrelid = ANY (%s) AND tgname = ANY (%s) ORDER BY 1",
+            (list(oids), self.trigger_names())).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def _fence_complete(self, s: psycopg.Connection[Any], oids: list[int]) -> bool:
+        return len(self._fence_triggers(s, oids)) == len(oids) * len(FENCE_SUFFIXES)
+
+    def _under_lock_timeout(self, s: psycopg.Connection[Any],
+                            statements: Sequence[sql.Composed]) -> tuple[bool, int]:
+        """Run ``statements`` in one transaction under ``lock_timeout``; retry on 55P03."""
+        for attempt in range(1, self.fence_attempts + 1):
+            try:
+                with s.transaction():
+                    s.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
+                        sql.Literal(f"{self.lock_timeout_ms}ms")))
+                    for statement in statements:
+                        s.execute(statement)
+                return True, attempt
+            except psycopg.errors.LockNotAvailable:
+                time.sleep(self.retry_pause_s)  # the writers queued behind the attempt go on
+        return False, self.fence_attempts
+
+    @staticmethod
+    def _blockers(s: psycopg.Connection[Any], oids: list[int],
+                  modes: Sequence[str]) -> tuple[Blocker, ...]:
+        rows = s.execute(
+            """SELECT DISTINCT ON (l.pid) l.pid, a.state,
+                      extract(epoch FROM now() - a.xact_start)::float8,
+                      coalesce(a.application_name, ''), l.relation::regclass::text
+               FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+               WHERE l.locktype = 'relation' AND l.granted AND l.relation = ANY (%s)
+               AND l.mode = ANY (%s) AND l.pid <> pg_backend_pid()
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+               ORDER BY l.pid""", (oids, list(modes))).fetchall()
+        return tuple(Blocker(pid=r[0], state=r[1], xact_age_s=r[2], application_name=r[3],
+                             table=r[4]) for r in rows)
+
+    def drained(self, fence_lsn: str) -> bool:
+        """Source: whether the target confirmed everything up to the fence LSN (the slot's
+        ``confirmed_flush_lsn``; read on the source, it needs no connection to the target)."""
+        with self._source.session() as s:
+            if not self._slot_exists(s):
+                raise ShardMoveError(f"drained: slot {self.name} does not exist on the source")
+            return bool(_one(s, """SELECT coalesce(confirmed_flush_lsn >= %s::pg_lsn, false)
+                FROM pg_replication_slots WHERE slot_name = %s""", (fence_lsn, self.name)))
+
+    def unfence(self) -> list[str]:
+        """Source: drop this move's fence triggers (an abort; a finished move keeps them).
+        ``DROP TRIGGER`` takes ACCESS EXCLUSIVE: bounded like the fence."""
+        with self._source.session() as s:
+            oids = [oid for t in self.tables if (oid := self._regclass(s, t)) is not None]
+            present = self._fence_triggers(s, oids)
+            if not present:
+                return []
+            statements = [
+                sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(sql.Identifier(n),
+                                                                  self._table(table))
+                for table in self.tables if self._regclass(s, table) is not None
+                for n in self.trigger_names()
+            ]
+            taken, attempts = self._under_lock_timeout(s, statements)
+            if not taken:
+                blockers = self._blockers(s, oids, _ANY_LOCKS)
+                raise FenceBlockedError(
+                    f"unfence: lock not granted in {attempts} attempts of "
+                    f"{self.lock_timeout_ms} ms; sessions holding locks on the moving tables: "
+                    f"{_describe(blockers)}", blockers=blockers)
+            return present
+
+    # -- verify ------------------------------------------------------------------------------
+
+    def verify(self) -> Verification:
+        """Both sides: columns, then per table the shard's row count, sum and bit_xor of
+        ``hashtextextended(row::text, 0)`` with the settings that shape ``row::text`` pinned.
+        Equal, or :class:`VerificationMismatchError` carrying both sides' results."""
+        with self._source.session() as s, self._target.session() as t:
+            problems = []
+            for table in self.tables:
+                s_oid, t_oid = self._regclass(s, table), self._regclass(t, table)
+                if s_oid is None or t_oid is None:
+                    raise ShardMoveError(f"verify: table {table.name} is missing on the "
+                                         f"{'source' if s_oid is None else 'target'}")
+                s_cols, t_cols = self._columns(s, s_oid), self._columns(t, t_oid)
+                if s_cols != t_cols:
+                    problems.append(f"{table.name}: columns differ, source {s_cols}, "
+                                    f"target {t_cols}")
+            if problems:
+                raise ShardMoveError("verify: " + "; ".join(problems))
+            result = Verification(
+                source={table.name: self._checksum(s, table) for table in self.tables},
+                target={table.name: self._checksum(t, table) for table in self.tables},
+            )
+        different = [
+            f"{name}: source {_triple(result.source[name])}, target {_triple(result.target[name])}"
+            for name in result.source if result.source[name] != result.target[name]
+        ]
+        if different:
+            raise VerificationMismatchError(
+                f"verify: shard {self.shard} differs between source {self._source.description} "
+                f"and target {self._target.description} (rows, hash sum, hash xor): "
+                + "; ".join(different),
+                verification=result,
+            )
+        return result
+
+    def _checksum(self, conn: psycopg.Connection[Any], table: MovedTable) -> TableChecksum:
+        with conn.transaction():
+            for setting, value in _CHECKSUM_SETTINGS:
+                conn.execute(sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(setting),
+                                                                  sql.Literal(value)))
+            row = conn.execute(sql.SQL(
+                """SELECT count(*), coalesce(sum(h::numeric), 0)::text, coalesce(bit_xor(h), 0)
+                   FROM (SELECT hashtextextended(r::text, 0) AS h FROM {} AS r WHERE {}) AS x"""
+            ).format(self._table(table), self._shard_filter(table, "r"))).fetchone()
+        assert row is not None
+        return TableChecksum(rows=int(row[0]), hash_sum=str(row[1]), hash_xor=int(row[2]))
+
+    # -- cleanup and leftovers ---------------------------------------------------------------
+
+    def cleanup(self) -> CleanupReport:
+        """Drop the subscription, the slot, the table-copy slots and the publication.
+
+        Target first: ``DROP SUBSCRIPTION`` drops its slots on the source. If that fails (the
+        source does not answer), the subscription is disabled, detached from its slot
+        (``slot_name = NONE``) and dropped, and the source's slots are dropped here once the
+        source answers: the report says ``source_pending`` until then; run cleanup again.
+        The fence triggers stay (see :meth:`unfence`).
+        """
+        report = CleanupReport()
+        facts: _TargetFacts | None = None
+        try:
+            with self._target.session() as t:
+                self._drop_subscription(t, report)
+                facts = self._target_facts(t)
+        except ShardMoveError as error:  # the target does not answer: clean the source anyway
+            report.done.append(f"target skipped: {error}")
+        try:
+            with self._source.session() as s:
+                for slot, active_pid in self._source_slots(s, facts):
+                    self._drop_slot(s, slot, active_pid)
+                    report.done.append(f"dropped slot {slot} on the source")
+                if _exists(s, "SELECT 1 FROM pg_publication WHERE pubname = %s", self.name):
+                    s.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(
+                        sql.Identifier(self.name)))
+                    report.done.append(f"dropped publication {self.name} on the source")
+        except ShardMoveError as error:
+            report.source_pending = True
+            report.source_error = str(error)
+        return report
+
+    def _drop_subscription(self, t: psycopg.Connection[Any], report: CleanupReport) -> None:
+        if self._subscription_oid(t) is None:
+            return
+        name = sql.Identifier(self.name)
+        try:
+            t.execute(sql.SQL("DROP SUBSCRIPTION IF EXISTS {}").format(name))
+            report.done.append(f"dropped subscription {self.name} (and its slots on the source)")
+        except psycopg.Error as error:
+            # Measured: with the source down this is 08006 and nothing is dropped.
+            t.execute(sql.SQL("ALTER SUBSCRIPTION {} DISABLE").format(name))
+            t.execute(sql.SQL("ALTER SUBSCRIPTION {} SET (slot_name = NONE)").format(name))
+            t.execute(sql.SQL("DROP SUBSCRIPTION {}").format(name))
+            report.done.append(
+                f"dropped subscription {self.name} detached from its slot "
+                f"({error.sqlstate}: {error.diag.message_primary}); its slots on the source "
+                "are dropped from there"
+            )
+
+    def _target_facts(self, t: psycopg.Connection[Any]) -> _TargetFacts:
+        system_identifier = _one(t, "SELECT system_identifier FROM pg_control_system()")
+        relids = frozenset(oid for table in self.tables
+                           if (oid := self._regclass(t, table)) is not None)
+        subscriptions = frozenset(r[0] for r in t.execute(
+            "SELECT oid::bigint FROM pg_subscription").fetchall())
+        return _TargetFacts(int(system_identifier), relids, subscriptions,
+                            self._subscription_oid(t))
+
+    def _source_slots(self, s: psycopg.Connection[Any], facts: _TargetFacts | None
+                      ) -> list[tuple[str, int | None]]:
+        """The move's slot and its table-copy slots ``pg_<suboid>_sync_<relid>_<sysid>``: of
+        the subscription's OID when known, or left by a subscription of the target that no
+        longer exists (``slot_name = NONE``) for one of the moving tables."""
+        rows = s.execute(
+            """SELECT slot_name::text, active_pid FROM pg_replication_slots
+               WHERE slot_name = %s OR slot_name LIKE 'pg\\_%%\\_sync\\_%%'""",
+            (self.name,)).fetchall()
+        ours = []
+        for slot, active_pid in rows:
+            match = _SYNC_SLOT.match(slot)
+            if slot == self.name:
+                ours.append((slot, active_pid))
+            elif match:
+                suboid, relid, sysid = (int(g) for g in match.groups())
+                mine = suboid == self._suboid or (
+                    facts is not None and relid in facts.relids
+                    and sysid == facts.system_identifier and suboid not in facts.subscriptions
+                )
+                if mine:
+                    ours.append((slot, active_pid))
+        return ours
+
+    @staticmethod
+    def _drop_slot(s: psycopg.Connection[Any], slot: str, active_pid: int | None) -> None:
+        """Drop a slot, ending the WAL sender that streams from it first (bounded wait)."""
+        deadline = time.monotonic() + 10
+        while active_pid is not None:
+            s.execute("SELECT pg_terminate_backend(%s)", (active_pid,))
+            time.sleep(0.02)
+            active_pid = _one(s, "SELECT active_pid FROM pg_replication_slots "
+                                 "WHERE slot_name = %s", (slot,))
+            if time.monotonic() > deadline:
+                raise ShardMoveError(f"cleanup: slot {slot} stays in use by pid {active_pid}")
+        if _exists(s, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", slot):
+            s.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+    def leftovers(self) -> Leftovers:
+        """Everything of this move still present on either server (both must answer)."""
+        with self._target.session() as t:
+            facts = self._target_facts(t)
+            subscriptions = (self.name,) if facts.our_subscription is not None else ()
+        with self._source.session() as s:
+            publications = tuple(r[0] for r in s.execute(
+                "SELECT pubname::text FROM pg_publication WHERE pubname = %s",
+                (self.name,)).fetchall())
+            slots = tuple(slot for slot, _ in self._source_slots(s, facts))
+            oids = [oid for t_ in self.tables if (oid := self._regclass(s, t_)) is not None]
+            triggers = tuple(self._fence_triggers(s, oids))
+        return Leftovers(publications=publications, slots=slots, fence_triggers=triggers,
+                         subscriptions=subscriptions)
+
+    # -- rows --------------------------------------------------------------------------------
+
+    def delete_source_rows(self, *, batch_size: int = 5000) -> int:
+        """Source, after the flip and the barrier: delete the shard's rows in batches.
+
+        Refused while the publication or slot exists (the deletes would stream to the target)
+        and unless the fence is up (the source would still be serving the shard). The mover's
+        session passes the fence by :data:`FENCE_BYPASS_SETTING`.
+        """
+        with self._source.session() as s:
+            oids = self._source_oids(s, "delete_source_rows")
+            if _exists(s, "SELECT 1 FROM pg_publication WHERE pubname = %s", self.name) or (
+                self._slot_exists(s)
+            ):
+                raise ShardMoveError(
+                    f"delete_source_rows: publication or slot {self.name} still exists on the "
+                    "source, so the deletes would be streamed to the target; run cleanup first"
+                )
+            if not self._fence_complete(s, oids):
+                raise ShardMoveError(
+                    f"delete_source_rows: the fence of move {self.move_id} is not up on every "
+                    "table of the source, which therefore may still serve the shard's writes"
+                )
+            return self._delete_rows(s, batch_size, bypass=True)
+
+    def delete_target_rows(self, *, batch_size: int = 5000) -> int:
+        """Target, to abort: delete the shard's copied rows in batches (after cleanup)."""
+        with self._target.session() as t:
+            if self._subscription_oid(t) is not None:
+                raise ShardMoveError(
+                    f"delete_target_rows: subscription {self.name} still exists on the target "
+                    "and would copy the rows again; run cleanup first"
+                )
+            return self._delete_rows(t, batch_size, bypass=True)
+
+    def _delete_rows(self, conn: psycopg.Connection[Any], batch_size: int, *,
+                     bypass: bool) -> int:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise InvalidArgumentError(f"batch_size {batch_size!r} must be an int >= 1")
+        total = 0
+        for table in reversed(self.tables):  # children (listed after their parents) first
+            if self._regclass(conn, table) is None:
+                continue
+            delete = sql.SQL(
+                "DELETE FROM {t} WHERE {c} IN (SELECT {c} FROM {t} WHERE {f} LIMIT {n})"
+            ).format(t=self._table(table), c=sql.Identifier(table.id_column),
+                     f=self._shard_filter(table), n=sql.SQL(str(batch_size)))
+            while True:
+                with conn.transaction():
+                    if bypass:  # the fence of this shard (any move) lets these deletes pass
+                        conn.execute("SELECT set_config(%s, %s, true)",
+                                     (FENCE_BYPASS_SETTING, str(self.shard)))
+                    deleted = conn.execute(delete).rowcount
+                total += deleted
+                if deleted < batch_size:
+                    break
+        return total
+
+
+def _one(conn: psycopg.Connection[Any], query: Any, params: Any = None) -> Any:
+    row = conn.execute(query, params).fetchone()
+    return None if row is None else row[0]
+
+
+def _exists(conn: psycopg.Connection[Any], query: str, value: object) -> bool:
+    return conn.execute(query, (value,)).fetchone() is not None
+
+
+def _describe(blockers: Sequence[Blocker]) -> str:
+    if not blockers:
+        return "none left at the last attempt"
+    return ", ".join(
+        f"pid {b.pid} ({b.state}, transaction open {b.xact_age_s or 0:.1f} s, "
+        f"application {b.application_name!r}, table {b.table})" for b in blockers
+    )
+
+
+def _triple(checksum: TableChecksum) -> str:
+    return f"({checksum.rows}, {checksum.hash_sum}, {checksum.hash_xor})"
+

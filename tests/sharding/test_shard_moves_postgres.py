@@ -1,0 +1,676 @@
+"""The PostgreSQL steps of an online shard move, on two throwaway clusters.
+
+One pair of clusters for the module (``example_project.local_servers``, stopped by PID at the
+end): the source with ``wal_level = logical``, the target with the default ``replica`` (a
+subscriber needs no logical WAL, and a move in the other direction shows the wal_level check).
+Both run ``wal_retrieve_retry_interval = 200ms``, as the mover recommends, so subscriptions
+start at once. Each test makes its own database on each cluster with two sharded tables of a
+few thousand rows (4 shard bits: shard = id & 15). Without the PostgreSQL binaries the tests
+skip with the reason; under ``CI=true`` they fail.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine
+
+from example_project import local_servers
+from snowflake_db import Layout, SnowflakeGenerator
+from snowflake_db.errors import InvalidArgumentTypeError, ShardMoveError
+from snowflake_db.sharding.moves import (
+    FENCE_SQLSTATE,
+    MOVE_STEPS,
+    FenceBlockedError,
+    Leftovers,
+    MovedTable,
+    PostgresMoveBackend,
+    VerificationMismatchError,
+    run_move_steps,
+    wait_until,
+)
+
+from ..plugins.databases import unavailable
+
+# Two clusters for the module, in one xdist process.
+pytestmark = pytest.mark.xdist_group("shard_moves_postgres")
+
+LAYOUT = Layout(sequence_bits=8, shard_bits=4)
+MASK = LAYOUT.max_shard
+TABLES = [MovedTable("orders"), MovedTable("order_items")]
+SOURCE_CONF = """
+wal_level = logical
+max_replication_slots = 6
+max_wal_senders = 6
+wal_retrieve_retry_interval = '200ms'
+track_commit_timestamp = on
+"""
+TARGET_CONF = """
+max_logical_replication_workers = 6
+wal_retrieve_retry_interval = '200ms'
+"""
+DDL = [
+    """CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint NOT NULL,
+       status text NOT NULL DEFAULT 'new', total_cents bigint NOT NULL,
+       created_at timestamptz NOT NULL DEFAULT now(), note text)""",
+    """CREATE TABLE order_items (id bigint PRIMARY KEY, order_id bigint NOT NULL,
+       sku text NOT NULL, qty integer NOT NULL, price numeric(10, 2) NOT NULL,
+       weight double precision)""",
+    # Items live on their order's shard (same low bits); deletes go children first.
+    "ALTER TABLE order_items ADD FOREIGN KEY (order_id) REFERENCES orders (id)",
+]
+LOAD = [
+    """INSERT INTO orders (id, customer_id, total_cents, created_at, note)
+       SELECT (n << 4) | (n % 16), n % 97, n * 7, now() - n * interval '1 minute', md5(n::text)
+       FROM generate_series(1, 3000) AS n""",
+    """INSERT INTO order_items (id, order_id, sku, qty, price, weight)
+       SELECT ((n + 100000) << 4) | (n % 16), (n << 4) | (n % 16), 'sku' || n, n % 5 + 1,
+              n / 7.0, n / 3.0
+       FROM generate_series(1, 3000) AS n""",
+]
+STEP_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Clusters:
+    source: local_servers.ThrowawayPostgres
+    target: local_servers.ThrowawayPostgres
+
+
+@pytest.fixture(scope="module")
+def clusters() -> Iterator[Clusters]:
+    problem = local_servers.postgres_unavailable()
+    if problem:
+        unavailable(problem)
+    source = local_servers.ThrowawayPostgres(name="movesrc")
+    target: local_servers.ThrowawayPostgres | None = None
+    try:
+        target = local_servers.ThrowawayPostgres(template=source.data, name="movetgt")
+        for cluster, conf in ((source, SOURCE_CONF), (target, TARGET_CONF)):
+            with (cluster.data / "postgresql.conf").open("a") as handle:
+                handle.write(conf)
+            cluster.start()
+        assert not {source.port, target.port} & {5432, 3306}  # never the shared servers
+        yield Clusters(source, target)
+    finally:
+        source.close()
+        if target is not None:
+            target.close()
+
+
+_databases = itertools.count(1)
+
+
+@dataclass
+class Pair:
+    """One database on each cluster, with the same sharded tables; rows only on the source."""
+
+    clusters: Clusters
+    db: str
+    move_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+    def conninfo(self, which: str) -> str:
+        cluster = getattr(self.clusters, which)
+        return f"host={cluster.host} port={cluster.port} user=postgres dbname={self.db}"
+
+    def connect(self, which: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.conninfo(which), autocommit=autocommit, connect_timeout=10)
+
+    def backend(self, *, shard: int = 5, move_id: int | None = None, **kw: Any
+                ) -> PostgresMoveBackend:
+        options: dict[str, Any] = {
+            "source": self.conninfo("source"), "target": self.conninfo("target"),
+            "source_conninfo_for_target": self.conninfo("source"), "layout": LAYOUT,
+            "shard": shard, "move_id": next(self.move_ids) if move_id is None else move_id,
+            "target_name": "pg_b", "tables": TABLES,
+        }
+        options.update(kw)
+        return PostgresMoveBackend(**options)
+
+    def rows(self, which: str, table: str, shard: int) -> dict[int, tuple[Any, ...]]:
+        with self.connect(which) as conn:
+            return {row[0]: row for row in conn.execute(
+                f"SELECT * FROM {table} WHERE (id & {MASK}) = %s", (shard,))}
+
+    def count(self, which: str, query: str) -> int:
+        with self.connect(which) as conn:
+            row = conn.execute(query).fetchone()
+            assert row is not None
+            return int(row[0])
+
+    def assert_nothing_left(self) -> None:
+        """No publication, slot or subscription at all, whatever its name."""
+        assert self.count("source", "SELECT count(*) FROM pg_publication") == 0
+        assert self.count("source", "SELECT count(*) FROM pg_replication_slots") == 0
+        assert self.count("target", "SELECT count(*) FROM pg_subscription") == 0
+
+
+@pytest.fixture
+def pair(clusters: Clusters) -> Iterator[Pair]:
+    db = f"moves{next(_databases)}"
+    for cluster in (clusters.source, clusters.target):
+        cluster.create_database(db)
+        cluster.execute(*DDL, database=db)
+    clusters.source.execute(*LOAD, database=db)
+    yield Pair(clusters, db)
+    _drop_replication_objects(clusters, db)
+
+
+def _drop_replication_objects(clusters: Clusters, db: str) -> None:
+    """After each test, whatever it left (a failed test must not fail the next ones):
+    subscriptions of ``db`` on the target, slots of ``db`` on the source."""
+    pair = Pair(clusters, db)
+    with pair.connect("target") as conn:
+        for (name,) in conn.execute("SELECT subname::text FROM pg_subscription s JOIN "
+                                    "pg_database d ON d.oid = s.subdbid WHERE d.datname = %s",
+                                    (db,)).fetchall():
+            for statement in ("ALTER SUBSCRIPTION {} DISABLE",
+                              "ALTER SUBSCRIPTION {} SET (slot_name = NONE)",
+                              "DROP SUBSCRIPTION {}"):
+                conn.execute(statement.format(f'"{name}"').encode())
+    with pair.connect("source") as conn:
+        for slot, pid in conn.execute("SELECT slot_name::text, active_pid FROM "
+                                      "pg_replication_slots WHERE database = %s",
+                                      (db,)).fetchall():
+            if pid is not None:
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                wait_until(lambda slot=slot: conn.execute(
+                    "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                    (slot,)).fetchone() in (None, (None,)), timeout_s=10, what="slot released")
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
+# -- writers -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Op:
+    start: float
+    end: float
+    shard: int
+    kind: str
+    ok: bool
+
+
+@dataclass
+class Writer:
+    """Autocommit writes (insert, update, delete) on every shard, own rows only, so that what
+    each acknowledged write left behind is known exactly."""
+
+    worker_id: int
+    pair: Pair
+    stop: threading.Event
+    ops: list[Op] = field(default_factory=list)
+    alive: dict[int, str] = field(default_factory=dict)  # acknowledged rows -> status
+    deleted: set[int] = field(default_factory=set)
+    errors: list[str] = field(default_factory=list)
+
+    def run(self) -> None:
+        generator = SnowflakeGenerator(self.worker_id, layout=LAYOUT)
+        rng = random.Random(self.worker_id)
+        try:
+            with self.pair.connect("source") as conn:
+                while not self.stop.is_set() and len(self.ops) < 50_000:
+                    self._one(conn, generator, rng)
+                    time.sleep(0.001)
+        except Exception as error:  # reported by the test, never swallowed
+            self.errors.append(repr(error))
+
+    def _one(self, conn: psycopg.Connection[Any], generator: SnowflakeGenerator,
+             rng: random.Random) -> None:
+        roll = rng.random()
+        params: tuple[Any, ...]
+        if self.alive and roll < 0.2:
+            oid, kind, status = rng.choice(list(self.alive)), "update", f"paid{rng.randrange(999)}"
+            query, params = "UPDATE orders SET status = %s WHERE id = %s", (status, oid)
+        elif self.alive and roll < 0.3:
+            oid, kind, status = rng.choice(list(self.alive)), "delete", ""
+            query, params = "DELETE FROM orders WHERE id = %s", (oid,)
+        else:
+            oid, kind, status = generator.next_id_in_shard(rng.randrange(MASK + 1)), "insert", "new"
+            query = "INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, %s, %s)"
+            params = (oid, rng.randrange(1000), rng.randrange(50_000))
+        start = time.monotonic()
+        try:
+            conn.execute(query, params)  # autocommit: acknowledged when it returns
+            ok = True
+        except psycopg.Error as error:
+            if error.sqlstate != FENCE_SQLSTATE:
+                raise
+            ok = False
+        self.ops.append(Op(start, time.monotonic(), oid & MASK, kind, ok))
+        if ok and kind == "delete":
+            del self.alive[oid]
+            self.deleted.add(oid)
+        elif ok:
+            self.alive[oid] = status
+
+
+# -- the whole path ----------------------------------------------------------------------------
+
+
+def test_full_move_carries_every_acknowledged_write_exactly_once(pair: Pair) -> None:
+    shard = 5
+    backend = pair.backend(shard=shard)
+    stop = threading.Event()
+    writers = [Writer(w, pair, stop) for w in (1, 2, 3)]
+    threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
+    steps: dict[str, tuple[float, float]] = {}
+    last = [time.monotonic()]
+
+    def record(name: str, _result: object) -> None:
+        steps[name] = (last[0], time.monotonic())
+        last[0] = time.monotonic()
+
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: all(len(w.ops) >= 20 for w in writers), timeout_s=30,
+                   what="writers running")
+        last[0] = time.monotonic()
+        results = run_move_steps(backend, timeout_s=STEP_TIMEOUT_S, on_step=record)
+        fence_done = steps["fence"][1]
+        # Writers go on after the cleanup: shard 5 is refused, the others pass.
+        wait_until(lambda: sum(not op.ok for w in writers for op in w.ops) >= 3
+                   and sum(op.ok and op.shard != shard and op.start > fence_done
+                           for w in writers for op in w.ops) >= 10,
+                   timeout_s=30, what="refused and passing writes after the fence")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert [w.errors for w in writers] == [[], [], []]
+    assert not any(thread.is_alive() for thread in threads)
+
+    ops = [op for w in writers for op in w.ops]
+    refused = [op for op in ops if not op.ok]
+    assert {op.shard for op in refused} == {shard}
+    fence_started = steps["fence"][0]
+    assert all(op.end > fence_started for op in refused)  # nothing refused before the fence
+    assert any(op.ok and op.shard == shard and op.start > steps["copy"][1] for op in ops)
+
+    # Every acknowledged write of shard 5 is on the target exactly once, as acknowledged.
+    on_target = pair.rows("target", "orders", shard)
+    on_source = pair.rows("source", "orders", shard)
+    assert on_target == on_source
+    expected = {oid: status for w in writers for oid, status in w.alive.items()
+                if oid & MASK == shard}
+    assert expected and {oid: on_target[oid][2] for oid in expected if oid in on_target} == (
+        expected)
+    assert not {oid for w in writers for oid in w.deleted if oid & MASK == shard} & set(on_target)
+    assert pair.count("target", f"SELECT count(*) FROM orders WHERE (id & {MASK}) <> {shard}") == 0
+    assert pair.rows("target", "order_items", shard) == pair.rows("source", "order_items", shard)
+    verification = results["verify"]
+    assert verification.source == verification.target
+    assert verification.source["orders"].rows == len(on_source)
+
+    # Cleaned: only the fence stays; then the source's copy of the shard goes.
+    assert results["cleanup"].source_pending is False
+    left = backend.leftovers()
+    assert left.replication_empty and len(left.fence_triggers) == 6
+    pair.assert_nothing_left()
+    others_before = pair.count("source", f"SELECT count(*) FROM orders WHERE (id & {MASK}) <> 5")
+    deleted = backend.delete_source_rows(batch_size=100)
+    assert deleted == len(on_source) + verification.source["order_items"].rows
+    assert pair.rows("source", "orders", shard) == {}
+    assert pair.rows("source", "order_items", shard) == {}
+    assert pair.count("source", f"SELECT count(*) FROM orders WHERE (id & {MASK}) <> 5") == (
+        others_before)
+    assert backend.unfence() and backend.leftovers() == Leftovers()
+
+
+# -- pre-checks --------------------------------------------------------------------------------
+
+
+def _fill_slots(pair: Pair) -> Callable[[], None]:
+    with pair.connect("source") as conn:
+        for i in range(5):  # of 6
+            conn.execute("SELECT pg_create_physical_replication_slot(%s)", (f"filler_{i}",))
+
+    def undo() -> None:
+        with pair.connect("source") as conn:
+            for i in range(5):
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (f"filler_{i}",))
+    return undo
+
+
+def _fill_senders(pair: Pair) -> Callable[[], None]:
+    held = [psycopg.connect(pair.conninfo("source"), replication="database", autocommit=True)
+            for _ in range(5)]  # idle WAL senders, 5 of 6
+
+    def undo() -> None:
+        for conn in held:
+            conn.close()
+    return undo
+
+
+def _run_on(which: str, *statements: str) -> Callable[[Pair], Callable[[], None]]:
+    def setup(pair: Pair) -> Callable[[], None]:
+        with pair.connect(which) as conn:
+            for statement in statements:
+                conn.execute(statement.encode())
+        return lambda: None
+    return setup
+
+
+PRECHECKS: dict[str, tuple[Callable[[Pair], Callable[[], None]], dict[str, Any], list[str]]] = {
+    "wal_level": (_run_on("source"), {"reverse": True},
+                  ["check 'wal_level'", "'replica'", "wal_level = logical", "restart"]),
+    "replication slots": (_fill_slots, {},
+                          ["check 'replication slots'", "1 free", "max_replication_slots"]),
+    "wal senders": (_fill_senders, {}, ["check 'wal senders'", "1 free", "max_wal_senders"]),
+    "layout": (_run_on("source"), {"layout": Layout(sequence_bits=8)},
+               ["check 'layout'", "shard_bits"]),
+    "shard": (_run_on("source"), {"shard": 16}, ["check 'shard'", "0..15"]),
+    "missing table": (_run_on("target", "DROP TABLE order_items"), {},
+                      ["check 'tables'", "order_items does not exist on the target",
+                       "migrations"]),
+    "columns": (_run_on("target", "ALTER TABLE orders ALTER COLUMN note TYPE varchar(40)"), {},
+                ["check 'columns'", "('note', 'text')", "('note', 'character varying(40)')"]),
+    "column order": (_run_on("target", "ALTER TABLE orders DROP COLUMN note",
+                             "ALTER TABLE orders ADD COLUMN note text",
+                             "ALTER TABLE orders DROP COLUMN created_at",
+                             "ALTER TABLE orders ADD COLUMN created_at timestamptz"), {},
+                     ["check 'columns'", "order"]),
+    "target rows": (_run_on("target", "INSERT INTO orders (id, customer_id, total_cents) "
+                                      "VALUES (37, 1, 1)"), {},
+                    ["check 'target rows'", "shard 5", "delete them"]),
+    "replica identity": (_run_on("source", "ALTER TABLE order_items REPLICA IDENTITY NOTHING"),
+                         {}, ["check 'replica identity'", "order_items", "42P10",
+                              "REPLICA IDENTITY"]),
+    "id column": (_run_on("source"), {"tables": [MovedTable("orders", "status")]},
+                  ["check 'id column'", "orders.status", "text"]),
+}
+
+
+@pytest.mark.parametrize("case", list(PRECHECKS))
+def test_precheck_refuses_with_its_message_and_creates_nothing(pair: Pair, case: str) -> None:
+    setup, options, fragments = PRECHECKS[case]
+    if options.pop("reverse", False):  # the target (wal_level = replica) as the source
+        options = {"source": pair.conninfo("target"), "target": pair.conninfo("source"),
+                   "source_conninfo_for_target": pair.conninfo("target")}
+    undo = setup(pair)
+    try:
+        backend = pair.backend(**options)
+        with pytest.raises(ShardMoveError) as refused:
+            backend.check()
+    finally:
+        undo()
+    message = str(refused.value)
+    for fragment in fragments:
+        assert fragment in message
+    assert backend.leftovers() == Leftovers()
+    pair.assert_nothing_left()
+    assert pair.count("source", "SELECT count(*) FROM pg_proc WHERE proname LIKE 'sfdb%'") == 0
+
+
+def test_check_passes_and_creates_nothing(pair: Pair) -> None:
+    backend = pair.backend()
+    backend.check()
+    assert backend.leftovers() == Leftovers()
+    pair.assert_nothing_left()
+
+
+def test_endpoint_of_another_kind_is_refused() -> None:
+    with pytest.raises(InvalidArgumentTypeError, match="not int"):
+        PostgresMoveBackend(source=5, target="dbname=x",  # type: ignore[arg-type]
+                            source_conninfo_for_target="dbname=x", layout=LAYOUT, shard=1,
+                            move_id=1, target_name="b", tables=TABLES)
+
+
+# -- the fence ---------------------------------------------------------------------------------
+
+
+def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_shard(
+    pair: Pair,
+) -> None:
+    """Through SQLAlchemy engines: the fence's lock waits for a transaction that wrote shard
+    5 before it; that row reaches the target; later INSERT, UPDATE, DELETE, COPY and
+    TRUNCATE of shard 5 fail with SFM01, other shards' writes pass."""
+    shard = 5
+    engines = [create_engine(f"postgresql+psycopg://postgres@{c.host}:{c.port}/{pair.db}")
+               for c in (pair.clusters.source, pair.clusters.target)]
+    backend = pair.backend(shard=shard, source=engines[0], target=engines[1])
+    run_move_steps(backend, timeout_s=STEP_TIMEOUT_S, stop_after="caught_up")
+    straggler_id = (7777 << 4) | shard
+    outcome: dict[str, Any] = {}
+    with pair.connect("source", autocommit=False) as straggler, pair.connect("source") as watch:
+        straggler.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 1, 1)",
+                          (straggler_id,))
+        straggler_xid = straggler.execute("SELECT txid_current()").fetchone()
+
+        def fence() -> None:
+            try:
+                outcome["fence"] = backend.fence()
+            except BaseException as error:  # reported below
+                outcome["error"] = error
+
+        thread = threading.Thread(target=fence)
+        thread.start()
+        wait_until(lambda: watch.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE 'CREATE OR REPLACE TRIGGER%'").fetchone() == (1,),
+            timeout_s=30, what="the fence waiting for the straggler's lock")
+        straggler.commit()
+        thread.join(STEP_TIMEOUT_S)
+        # The database's own record of the order: the fence committed after the straggler
+        # (track_commit_timestamp; the fence's transaction is its triggers' xmin).
+        assert watch.execute(
+            """SELECT pg_xact_commit_timestamp(t.xmin) > pg_xact_commit_timestamp(%s::xid)
+               FROM pg_trigger t WHERE t.tgname = %s""",
+            (str(straggler_xid[0] if straggler_xid else 0), f"sfdb_fence_{backend.move_id}_w"),
+        ).fetchall() == [(True,), (True,)]
+    assert "error" not in outcome, outcome.get("error")
+    fenced = outcome["fence"]
+    wait_until(lambda: backend.drained(fenced.lsn), timeout_s=STEP_TIMEOUT_S, what="drained")
+    assert straggler_id in pair.rows("target", "orders", shard)
+
+    detail = f"shard={shard} target=pg_b move={backend.move_id}"
+    refused_statements = [
+        "INSERT INTO orders (id, customer_id, total_cents) VALUES (85, 1, 1)",
+        f"UPDATE orders SET status = 'x' WHERE id = {straggler_id}",
+        f"DELETE FROM orders WHERE id = {straggler_id}",
+        "INSERT INTO order_items (id, order_id, sku, qty, price) VALUES (85, 1, 'a', 1, 1)",
+        "TRUNCATE orders, order_items",
+        "TRUNCATE order_items",
+    ]
+    with pair.connect("source") as conn:
+        for statement in refused_statements:
+            with pytest.raises(psycopg.Error) as refused:
+                conn.execute(statement.encode())
+            assert refused.value.sqlstate == FENCE_SQLSTATE, statement
+            assert refused.value.diag.message_detail == detail
+            assert "reload the shard map" in (refused.value.diag.message_hint or "")
+        copy = "COPY orders (id, customer_id, total_cents) FROM STDIN"
+        with pytest.raises(psycopg.Error) as refused_copy, conn.cursor().copy(copy) as rows:
+            rows.write_row((101, 1, 1))
+        assert refused_copy.value.sqlstate == FENCE_SQLSTATE
+        other = (7777 << 4) | 6
+        conn.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 1, 1)",
+                     (other,))
+        conn.execute("UPDATE orders SET status = 'paid' WHERE id = %s", (other,))
+        conn.execute("DELETE FROM orders WHERE id = %s", (other,))
+        conn.execute("DELETE FROM order_items WHERE order_id = 102")  # loaded, shard 6
+        conn.execute("DELETE FROM orders WHERE id = 102")
+    assert fenced.lsn  # journaled by the orchestration
+    assert straggler_id in pair.rows("source", "orders", shard)
+
+    # The source's rows stay while the publication streams; then the abort leaves nothing.
+    with pytest.raises(ShardMoveError, match="run cleanup first"):
+        backend.delete_source_rows()
+    assert len(backend.unfence()) == 6
+    assert backend.cleanup().source_pending is False
+    assert backend.delete_target_rows() == len(pair.rows("source", "orders", shard)) + len(
+        pair.rows("source", "order_items", shard))
+    assert backend.leftovers() == Leftovers()
+    pair.assert_nothing_left()
+    for engine in engines:
+        engine.dispose()
+
+
+def test_fence_reports_blockers_then_terminates_them(pair: Pair) -> None:
+    backend = pair.backend(fence_attempts=3)
+    with pair.connect("source", autocommit=False) as idle:
+        idle.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 1, 1)",
+                     ((8888 << 4) | 1,))  # another shard's write blocks the fence's lock too
+        idle_pid = idle.info.backend_pid
+        with pytest.raises(FenceBlockedError) as blocked:
+            backend.fence()
+        assert [b.pid for b in blocked.value.blockers] == [idle_pid]
+        assert blocked.value.blockers[0].state == "idle in transaction"
+        assert f"pid {idle_pid} (idle in transaction" in str(blocked.value)
+        assert backend.leftovers() == Leftovers()  # nothing half-created
+
+        fenced = backend.fence(terminate_blockers=True)
+        assert fenced.terminated == (idle_pid,) and fenced.attempts > 3
+        with pytest.raises(psycopg.OperationalError):
+            idle.execute("SELECT 1")
+    assert (8888 << 4) | 1 not in pair.rows("source", "orders", 1)  # rolled back, never acked
+    assert len(backend.leftovers().fence_triggers) == 6
+    assert backend.fence().attempts == 0  # already up: rerun is a no-op
+    backend.unfence()
+    assert backend.leftovers() == Leftovers()
+
+
+# -- crash and cleanup -------------------------------------------------------------------------
+
+LEFT_AFTER: dict[str, tuple[bool, bool, bool]] = {  # publication+slot, subscription, fence
+    "check": (False, False, False),
+    "capture": (True, False, False),
+    "copy": (True, True, False),
+    "synced": (True, True, False),
+    "caught_up": (True, True, False),
+    "fence": (True, True, True),
+    "drained": (True, True, True),
+    "verify": (True, True, True),
+}
+
+
+def test_mover_killed_after_each_step_leaves_nothing_after_cleanup(pair: Pair) -> None:
+    assert list(LEFT_AFTER) == list(MOVE_STEPS[:-1])
+    for shard, (step, (captured, subscribed, fenced)) in enumerate(LEFT_AFTER.items()):
+        first = pair.backend(shard=shard, move_id=shard + 1)
+        run_move_steps(first, timeout_s=STEP_TIMEOUT_S, stop_after=step)
+        del first  # the mover died; a new one knows only the move's ID
+        fresh = pair.backend(shard=shard, move_id=shard + 1)
+        left = fresh.leftovers()
+        name = f"sfdb_move_{shard + 1}"
+        assert left.publications == ((name,) if captured else ()), step
+        assert (name in left.slots) == captured, step
+        assert left.subscriptions == ((name,) if subscribed else ()), step
+        assert len(left.fence_triggers) == (6 if fenced else 0), step
+        fresh.unfence()
+        report = fresh.cleanup()
+        assert report.source_pending is False
+        fresh.delete_target_rows()
+        assert fresh.leftovers() == Leftovers(), step
+        pair.assert_nothing_left()
+        assert pair.rows("target", "orders", shard) == {}
+
+
+def test_cleanup_with_the_source_unreachable_then_back(pair: Pair) -> None:
+    source = pair.clusters.source
+    backend = pair.backend(shard=9)
+    run_move_steps(backend, timeout_s=STEP_TIMEOUT_S, stop_after="synced")
+    source.stop()
+    try:
+        report = backend.cleanup()
+        assert report.source_pending and "cannot connect to the source" in (
+            report.source_error or "")
+        assert any("detached from its slot" in step for step in report.done)
+        assert pair.count("target", "SELECT count(*) FROM pg_subscription") == 0
+        with pytest.raises(ShardMoveError, match="cannot connect to the source"):
+            backend.leftovers()
+    finally:
+        source.start()
+    with pair.connect("source") as conn:
+        assert conn.execute("SELECT slot_name FROM pg_replication_slots").fetchall() == [
+            (backend.name,)]
+    # A table copy running when the source went down leaves pg_<suboid>_sync_<relid>_<sysid>
+    # (dropped subscription, one of the move's tables on the target): the move's to drop. One
+    # for a table that is not the move's stays.
+    with pair.connect("target") as conn:
+        row = conn.execute("SELECT (SELECT system_identifier FROM pg_control_system()), "
+                           "'orders'::regclass::oid::bigint").fetchone()
+        assert row is not None
+        sysid, relid = row
+    orphan, foreign = f"pg_999999_sync_{relid}_{sysid}", f"pg_999999_sync_1_{sysid}"
+    with pair.connect("source") as conn:
+        for slot in (orphan, foreign):
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    fresh = pair.backend(shard=9, move_id=backend.move_id)
+    assert sorted(fresh.leftovers().slots) == sorted([backend.name, orphan])
+    report = fresh.cleanup()
+    assert report.source_pending is False
+    assert f"dropped slot {backend.name} on the source" in report.done
+    assert f"dropped slot {orphan} on the source" in report.done
+    with pair.connect("source") as conn:
+        assert conn.execute("SELECT slot_name FROM pg_replication_slots").fetchall() == [
+            (foreign,)]
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (foreign,))
+    fresh.delete_target_rows()
+    assert fresh.leftovers() == Leftovers()
+    pair.assert_nothing_left()
+
+
+# -- verification ------------------------------------------------------------------------------
+
+
+def test_verify_detects_a_tampered_row_on_the_target(pair: Pair) -> None:
+    """Through psycopg connections the caller holds."""
+    shard = 3
+    with pair.connect("source") as source, pair.connect("target") as target:
+        backend = pair.backend(shard=shard, source=source, target=target)
+        results = run_move_steps(backend, timeout_s=STEP_TIMEOUT_S, stop_after="verify")
+        clean = results["verify"]
+        assert clean.source == clean.target and clean.source["orders"].rows == 188
+        victim = min(pair.rows("target", "orders", shard))
+        target.execute("UPDATE orders SET status = 'tampered' WHERE id = %s", (victim,))
+        with pytest.raises(VerificationMismatchError) as mismatch:
+            backend.verify()
+        found = mismatch.value.verification
+        assert found.source["orders"].rows == found.target["orders"].rows
+        assert found.source["orders"] != found.target["orders"]
+        assert found.source["order_items"] == found.target["order_items"]
+        message = str(mismatch.value)
+        assert "orders: source (188, " in message and "order_items" not in message
+        target.execute("UPDATE orders SET status = 'new' WHERE id = %s", (victim,))
+        backend.verify()  # repaired
+        target.execute(f"DELETE FROM order_items WHERE id = (SELECT min(id) FROM order_items "
+                       f"WHERE (id & {MASK}) = {shard})")
+        with pytest.raises(VerificationMismatchError, match="order_items: source"):
+            backend.verify()
+        backend.unfence()
+        backend.cleanup()
+        backend.delete_target_rows()
+        assert backend.leftovers() == Leftovers()
+    pair.assert_nothing_left()
+
+
+def test_errors_name_the_server_but_never_the_password(pair: Pair) -> None:
+    secret = "hunter2-s3cret"
+    port = local_servers.free_port()
+    nowhere = f"host=127.0.0.1 port={port} user=postgres password={secret} dbname=shop"
+    with pytest.raises(ShardMoveError) as unreachable:
+        pair.backend(source=nowhere).check()
+    assert f"cannot connect to the source 127.0.0.1:{port}/shop" in str(unreachable.value)
+    assert secret not in str(unreachable.value)
+
+    # The subscription's connection string reaches the target only inside CREATE SUBSCRIPTION.
+    backend = pair.backend(shard=2, source_conninfo_for_target=nowhere)
+    backend.capture()
+    with pytest.raises(ShardMoveError) as refused:
+        backend.copy()
+    assert "CREATE SUBSCRIPTION" in str(refused.value) and secret not in str(refused.value)
+    assert str(port) in str(refused.value)  # the target's own words: where it could not connect
+    backend.cleanup()
+    assert backend.leftovers() == Leftovers()
+    pair.assert_nothing_left()
