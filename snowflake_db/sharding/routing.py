@@ -43,6 +43,7 @@ import hashlib
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from ..clock import wall_clock
 from ..errors import (
@@ -209,6 +210,30 @@ class ShardRouter:
                 f"logical_shards={count} does not fit engine {engine!r}: {error}"
             ) from None
         return function
+
+    @classmethod
+    def from_control(
+        cls,
+        control: Any,
+        *,
+        layout: Layout,
+        refresh_s: float | None = None,
+        **options: Any,
+    ) -> ShardRouter:
+        """A router that follows the shard map in the control database ``control`` (a
+        SQLAlchemy ``Engine`` or URL): it loads the map, refuses one of another layout, and
+        re-reads the map's version at most every ``refresh_s`` seconds (default
+        :data:`~snowflake_db.sharding.map_router.DEFAULT_REFRESH_SECONDS`), reloading the map
+        when it changed. Needs SQLAlchemy; see
+        :class:`~snowflake_db.sharding.map_router.ControlledShardRouter` for ``options``."""
+        from .map_router import DEFAULT_REFRESH_SECONDS, ControlledShardRouter
+
+        return ControlledShardRouter(
+            control,
+            layout=layout,
+            refresh_s=DEFAULT_REFRESH_SECONDS if refresh_s is None else refresh_s,
+            **options,
+        )
 
     # -- mapping ---------------------------------------------------------------------------
 
