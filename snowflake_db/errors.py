@@ -174,7 +174,9 @@ class ShardMovedError(ShardingError):
     transaction was committed, so it is safe to reload the shard map and run it again.
     """
 
-    def __init__(self, message: str, *, shard: int, target: str, move_id: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, shard: int, target: str, move_id: int | None = None
+    ) -> None:
         super().__init__(message)
         self.shard = shard
         self.target = target

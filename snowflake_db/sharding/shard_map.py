@@ -105,6 +105,8 @@ MAP_TABLE = "snowflake_shard_map"
 MOVES_TABLE = "snowflake_shard_moves"
 MOVE_STEPS_TABLE = "snowflake_shard_move_steps"
 SEEN_TABLE = "snowflake_shard_map_seen"
+#: The six names, in the order they are created.
+TABLE_NAMES = (TARGETS_TABLE, VERSION_TABLE, MAP_TABLE, MOVES_TABLE, MOVE_STEPS_TABLE, SEEN_TABLE)
 
 #: Length of a target name.
 TARGET_NAME_LENGTH = 100
@@ -149,8 +151,7 @@ def shard_map_tables(metadata: MetaData, *, schema: str | None = None) -> ShardM
     if f"{prefix}{TARGETS_TABLE}" in metadata.tables:
         return ShardMapTables(*(
             metadata.tables[f"{prefix}{name}"]
-            for name in (TARGETS_TABLE, VERSION_TABLE, MAP_TABLE, MOVES_TABLE, MOVE_STEPS_TABLE,
-                         SEEN_TABLE)
+            for name in TABLE_NAMES
         ))
     target_ref = f"{prefix}{TARGETS_TABLE}.name"
     targets = Table(
