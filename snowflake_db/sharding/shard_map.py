@@ -399,7 +399,7 @@ def _check_shard(shard: object, count: int) -> int:
             f"a logical shard must be an int, got {type(shard).__name__} {shard!r}"
         )
     if not 0 <= shard < count:
-        raise UnknownShardError(f"unknown logical shard {shard}; the map has shards 0..{count - 1}")
+        raise UnknownShardError(f"unknown logical shard {shard}; the map has 0..{count - 1}")
     return shard
 
 

@@ -78,7 +78,7 @@ def test_init_reads_back_and_is_idempotent(control: Engine) -> None:
 
 def test_init_with_another_layout_is_refused(control: Engine) -> None:
     other = Layout(sequence_bits=7, shard_bits=3)
-    with pytest.raises(LayoutMismatchError, match="initialised for layout .*shard_bits.:2"):
+    with pytest.raises(LayoutMismatchError, match=r"initialised for layout .*shard_bits.:2"):
         init_shard_map(control, layout=other, assignment=["a"])
 
 
@@ -104,9 +104,9 @@ def test_changes_bump_the_version_in_their_transaction(control: Engine) -> None:
 
 
 def test_bad_input_gives_one_clear_error_each(control: Engine) -> None:
-    with pytest.raises(UnknownShardError, match="unknown logical shard 4; the map has shards 0..3"):
+    with pytest.raises(UnknownShardError, match=r"unknown logical shard 4; the map has 0\.\.3"):
         flip_shard(control, 4, "a")
-    with pytest.raises(UnknownShardError, match="unknown shard target 'nowhere'; known targets: a, b"):
+    with pytest.raises(UnknownShardError, match="target 'nowhere'; known targets: a, b "):
         flip_shard(control, 1, "nowhere")
     with pytest.raises(InvalidArgumentError, match="state 'gone' is not one of serving"):
         set_shard_state(control, 1, "gone")
@@ -170,7 +170,7 @@ def test_a_fixed_router_is_untouched(control: Engine) -> None:
 def test_a_router_refuses_a_map_of_another_layout(control: Engine) -> None:
     with pytest.raises(LayoutMismatchError, match="this process uses"):
         ShardRouter.from_control(control, layout=Layout(sequence_bits=7, shard_bits=3))
-    with pytest.raises(InvalidArgumentError, match="refresh_s=0.001 is below the minimum"):
+    with pytest.raises(InvalidArgumentError, match=r"refresh_s=0\.001 is below the minimum"):
         ShardRouter.from_control(control, layout=LAYOUT, refresh_s=0.001)
 
 

@@ -5,112 +5,190 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('snowflake_db', '0002_workerlayout'),
+        ("snowflake_db", "0002_workerlayout"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ShardMapSeen',
+            name="ShardMapSeen",
             fields=[
-                ('worker_id', models.IntegerField(primary_key=True, serialize=False)),
-                ('lease_token', models.CharField(max_length=32)),
-                ('map_version', models.BigIntegerField()),
-                ('seen_at_ms', models.BigIntegerField()),
+                ("worker_id", models.IntegerField(primary_key=True, serialize=False)),
+                ("lease_token", models.CharField(max_length=32)),
+                ("map_version", models.BigIntegerField()),
+                ("seen_at_ms", models.BigIntegerField()),
             ],
             options={
-                'verbose_name': 'shard map seen',
-                'verbose_name_plural': 'shard map seen',
-                'db_table': 'snowflake_shard_map_seen',
+                "verbose_name": "shard map seen",
+                "verbose_name_plural": "shard map seen",
+                "db_table": "snowflake_shard_map_seen",
             },
         ),
         migrations.CreateModel(
-            name='ShardMapVersion',
+            name="ShardMapVersion",
             fields=[
-                ('singleton', models.IntegerField(primary_key=True, serialize=False)),
-                ('version', models.BigIntegerField()),
-                ('layout', models.CharField(max_length=1000)),
-                ('changed_at_ms', models.BigIntegerField()),
+                ("singleton", models.IntegerField(primary_key=True, serialize=False)),
+                ("version", models.BigIntegerField()),
+                ("layout", models.CharField(max_length=1000)),
+                ("changed_at_ms", models.BigIntegerField()),
             ],
             options={
-                'verbose_name': 'shard map version',
-                'db_table': 'snowflake_shard_map_version',
-                'constraints': [models.CheckConstraint(condition=models.Q(('singleton', 1)), name='snowflake_shard_map_version_one')],
+                "verbose_name": "shard map version",
+                "db_table": "snowflake_shard_map_version",
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("singleton", 1)), name="snowflake_shard_map_version_one"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='ShardTarget',
+            name="ShardTarget",
             fields=[
-                ('name', models.CharField(max_length=100, primary_key=True, serialize=False)),
-                ('backend', models.CharField(max_length=20)),
+                ("name", models.CharField(max_length=100, primary_key=True, serialize=False)),
+                ("backend", models.CharField(max_length=20)),
             ],
             options={
-                'verbose_name': 'shard target',
-                'db_table': 'snowflake_shard_targets',
-                'constraints': [models.CheckConstraint(condition=models.Q(('backend__in', ('postgresql', 'mariadb', 'sqlite'))), name='snowflake_shard_targets_backend')],
+                "verbose_name": "shard target",
+                "db_table": "snowflake_shard_targets",
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("backend__in", ("postgresql", "mariadb", "sqlite"))),
+                        name="snowflake_shard_targets_backend",
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='ShardMove',
+            name="ShardMove",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('logical_shard', models.IntegerField()),
-                ('active_shard', models.IntegerField(null=True, unique=True)),
-                ('backend', models.CharField(max_length=20)),
-                ('state', models.CharField(max_length=20)),
-                ('capture', models.CharField(max_length=4000, null=True)),
-                ('flipped_version', models.BigIntegerField(null=True)),
-                ('mover_token', models.CharField(max_length=32, null=True)),
-                ('mover_expires_at_ms', models.BigIntegerField(null=True)),
-                ('created_at_ms', models.BigIntegerField()),
-                ('updated_at_ms', models.BigIntegerField()),
-                ('source', models.ForeignKey(db_column='source', db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='snowflake_db.shardtarget')),
-                ('target', models.ForeignKey(db_column='target', db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='snowflake_db.shardtarget')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("logical_shard", models.IntegerField()),
+                ("active_shard", models.IntegerField(null=True, unique=True)),
+                ("backend", models.CharField(max_length=20)),
+                ("state", models.CharField(max_length=20)),
+                ("capture", models.CharField(max_length=4000, null=True)),
+                ("flipped_version", models.BigIntegerField(null=True)),
+                ("mover_token", models.CharField(max_length=32, null=True)),
+                ("mover_expires_at_ms", models.BigIntegerField(null=True)),
+                ("created_at_ms", models.BigIntegerField()),
+                ("updated_at_ms", models.BigIntegerField()),
+                (
+                    "source",
+                    models.ForeignKey(
+                        db_column="source",
+                        db_index=False,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="snowflake_db.shardtarget",
+                    ),
+                ),
+                (
+                    "target",
+                    models.ForeignKey(
+                        db_column="target",
+                        db_index=False,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="snowflake_db.shardtarget",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'shard move',
-                'db_table': 'snowflake_shard_moves',
+                "verbose_name": "shard move",
+                "db_table": "snowflake_shard_moves",
             },
         ),
         migrations.CreateModel(
-            name='ShardMapEntry',
+            name="ShardMapEntry",
             fields=[
-                ('logical_shard', models.IntegerField(primary_key=True, serialize=False)),
-                ('state', models.CharField(max_length=10)),
-                ('since_version', models.BigIntegerField()),
-                ('target', models.ForeignKey(db_column='target', db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='snowflake_db.shardtarget')),
+                ("logical_shard", models.IntegerField(primary_key=True, serialize=False)),
+                ("state", models.CharField(max_length=10)),
+                ("since_version", models.BigIntegerField()),
+                (
+                    "target",
+                    models.ForeignKey(
+                        db_column="target",
+                        db_index=False,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="snowflake_db.shardtarget",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'shard map entry',
-                'verbose_name_plural': 'shard map entries',
-                'db_table': 'snowflake_shard_map',
-                'ordering': ('logical_shard',),
+                "verbose_name": "shard map entry",
+                "verbose_name_plural": "shard map entries",
+                "db_table": "snowflake_shard_map",
+                "ordering": ("logical_shard",),
             },
         ),
         migrations.CreateModel(
-            name='ShardMoveStep',
+            name="ShardMoveStep",
             fields=[
-                ('pk', models.CompositePrimaryKey('move', 'seq', blank=True, editable=False, primary_key=True, serialize=False)),
-                ('seq', models.IntegerField()),
-                ('step', models.CharField(max_length=40)),
-                ('status', models.CharField(max_length=10)),
-                ('detail', models.CharField(max_length=4000, null=True)),
-                ('at_ms', models.BigIntegerField()),
-                ('move', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='snowflake_db.shardmove')),
+                (
+                    "pk",
+                    models.CompositePrimaryKey(
+                        "move", "seq", blank=True, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("seq", models.IntegerField()),
+                ("step", models.CharField(max_length=40)),
+                ("status", models.CharField(max_length=10)),
+                ("detail", models.CharField(max_length=4000, null=True)),
+                ("at_ms", models.BigIntegerField()),
+                (
+                    "move",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="snowflake_db.shardmove",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'shard move step',
-                'db_table': 'snowflake_shard_move_steps',
-                'constraints': [models.CheckConstraint(condition=models.Q(('status__in', ('started', 'done', 'failed'))), name='snowflake_shard_move_steps_status')],
+                "verbose_name": "shard move step",
+                "db_table": "snowflake_shard_move_steps",
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("status__in", ("started", "done", "failed"))),
+                        name="snowflake_shard_move_steps_status",
+                    )
+                ],
             },
         ),
         migrations.AddConstraint(
-            model_name='shardmove',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ('planned', 'capturing', 'copying', 'catching_up', 'fenced', 'drained', 'verified', 'flipped', 'barrier', 'cleaning', 'done', 'aborting', 'aborted'))), name='snowflake_shard_moves_state'),
+            model_name="shardmove",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "state__in",
+                        (
+                            "planned",
+                            "capturing",
+                            "copying",
+                            "catching_up",
+                            "fenced",
+                            "drained",
+                            "verified",
+                            "flipped",
+                            "barrier",
+                            "cleaning",
+                            "done",
+                            "aborting",
+                            "aborted",
+                        ),
+                    )
+                ),
+                name="snowflake_shard_moves_state",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='shardmapentry',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ('serving', 'moving', 'cutover'))), name='snowflake_shard_map_state'),
+            model_name="shardmapentry",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("state__in", ("serving", "moving", "cutover"))),
+                name="snowflake_shard_map_state",
+            ),
         ),
     ]
