@@ -26,9 +26,9 @@ table                          rows
 Every change of the map is one transaction that bumps the version first (a row lock on the one
 version row, so concurrent changes serialise), then changes the rows with ``since_version`` set
 to the new version. A router re-reads the one version row cheaply and reloads the rows only when
-it grew (:mod:`snowflake_db.sharding.map_router`). The cleanup barrier of a move
-(:func:`barrier_waiting`) waits until every live lease of the worker slots table has reported a
-version at or after the flip (:func:`report_seen`), or expired.
+it changed (:class:`~snowflake_db.sharding.routing.ControlledShardRouter`). The cleanup barrier
+of a move (:func:`barrier_waiting`) waits until every live lease of the worker slots table has
+reported a version at or after the flip (:func:`report_seen`), or expired.
 """
 
 from __future__ import annotations
@@ -52,12 +52,14 @@ from sqlalchemy import (
     String,
     Table,
     and_,
+    create_engine,
     insert,
     literal,
     or_,
     select,
     update,
 )
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
 from ..errors import (
@@ -87,6 +89,7 @@ __all__ = [
     "add_target",
     "barrier_passed",
     "barrier_waiting",
+    "control_engine",
     "create_shard_map_tables",
     "drop_shard_map_tables",
     "flip_shard",
@@ -288,6 +291,19 @@ class ShardMap:
                 recorded=self.layout.as_kwargs(),
                 given=layout.as_kwargs(),
             )
+
+
+def control_engine(control: object) -> tuple[Engine, bool]:
+    """``(engine, created)`` for a control database given as an ``Engine`` (used as it is) or a
+    URL (a new engine that checks its connections before use; the caller disposes it)."""
+    if isinstance(control, Engine):
+        return control, False
+    if isinstance(control, URL | str):
+        return create_engine(control, pool_pre_ping=True), True
+    raise InvalidArgumentTypeError(
+        f"the control database must be a SQLAlchemy Engine, URL or URL string, got "
+        f"{type(control).__name__}"
+    )
 
 
 @contextmanager

@@ -38,7 +38,7 @@ from snowflake_db.django.sharding import atomic_with_retry, get_shard_router  # 
 from snowflake_db.django.worker import sqlalchemy_url  # noqa: E402
 from snowflake_db.errors import ShardMovedError  # noqa: E402
 from snowflake_db.process import get_generator  # noqa: E402
-from snowflake_db.sharding.map_router import ControlledShardRouter  # noqa: E402
+from snowflake_db.sharding import ControlledShardRouter  # noqa: E402
 from snowflake_db.sharding.moved import shard_moved_error  # noqa: E402
 from snowflake_db.sharding.shard_map import (  # noqa: E402
     add_target,

@@ -4,6 +4,8 @@ map's functions, routers following it (also across processes), and the cleanup b
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -18,8 +20,7 @@ from snowflake_db.errors import (
     ShardingError,
     UnknownShardError,
 )
-from snowflake_db.sharding import ShardRouter
-from snowflake_db.sharding.map_router import ControlledShardRouter
+from snowflake_db.sharding import ControlledShardRouter, ShardRouter
 from snowflake_db.sharding.shard_map import (
     add_target,
     barrier_passed,
@@ -255,3 +256,19 @@ def test_the_barrier_waits_for_every_live_lease(control: Engine, any_db: Scratch
         router.close()
         first.close()
         second.close()
+
+
+def test_fixed_routers_still_need_no_sqlalchemy() -> None:
+    """The shard map reads the control database through SQLAlchemy; a fixed router must not
+    import it (routing stays standard-library only)."""
+    code = (
+        "import sys\n"
+        "from snowflake_db.sharding import ShardRouter, ControlledShardRouter\n"
+        "from snowflake_db import Layout\n"
+        "router = ShardRouter(['a', 'b'], layout=Layout(sequence_bits=8, shard_bits=2))\n"
+        "assert router.target_of_shard(1) == 'b'\n"
+        "assert 'sqlalchemy' not in sys.modules, sorted(sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=False, timeout=60)
+    assert result.returncode == 0, result.stderr

@@ -17,8 +17,7 @@ from example_project.common import SHOP_LAYOUT
 from example_project.sqlalchemy_shop import RULES, Base, Customer, Order
 from snowflake_db import SnowflakeGenerator
 from snowflake_db.errors import ShardingError, ShardMovedError
-from snowflake_db.sharding import ShardRouter
-from snowflake_db.sharding.map_router import ControlledShardRouter
+from snowflake_db.sharding import ControlledShardRouter, ShardRouter
 from snowflake_db.sharding.moved import retry_shard_moved, shard_moved_error
 from snowflake_db.sharding.shard_map import (
     add_target,
