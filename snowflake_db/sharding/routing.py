@@ -733,8 +733,11 @@ class ControlledShardRouter(ShardRouter):
             self._control.dispose()
 
     def _after_fork(self) -> None:
+        closed = self._stop.is_set()
         self._control.dispose(close=False)  # the parent's pooled connections stay the parent's
         self._start_process_state()
+        if closed:
+            self._stop.set()  # a router closed before the fork starts no thread in the child
         self._next_check = 0.0  # check at the first use: the child may hold another lease
         self._reported = None
 
