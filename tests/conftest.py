@@ -19,7 +19,7 @@ pytest_plugins = [
 # settings: the main run does not collect it at all rather than report it skipped.
 collect_ignore = (
     [] if os.environ.get("DJANGO_SETTINGS_MODULE") == "example_project.settings"
-    else ["sharding/sharding_django_scenario.py"]
+    else ["sharding/sharding_django_scenario.py", "sharding/shard_map_django_scenario.py"]
 )
 
 

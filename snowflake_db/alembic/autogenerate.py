@@ -13,6 +13,7 @@ from alembic.operations import ops
 from sqlalchemy import BigInteger, Integer, MetaData
 from sqlalchemy import inspect as sa_inspect
 
+from ..sharding.shard_map import TABLE_NAMES as SHARD_MAP_TABLES
 from ..sqlalchemy.columns import is_snowflake_column
 from ..worker._schema import (
     DEFAULT_LAYOUT_TABLE,
@@ -28,14 +29,17 @@ if TYPE_CHECKING:
 
 __all__ = ["include_object", "process_revision_directives"]
 
-_WORKER_TABLES = frozenset({DEFAULT_SLOTS_TABLE, DEFAULT_REGISTRATIONS_TABLE, DEFAULT_LAYOUT_TABLE})
+_WORKER_TABLES = frozenset(
+    {DEFAULT_SLOTS_TABLE, DEFAULT_REGISTRATIONS_TABLE, DEFAULT_LAYOUT_TABLE, *SHARD_MAP_TABLES}
+)
 
 
 def include_object(
     obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
 ) -> bool:
-    """``context.configure(include_object=...)`` filter that ignores the worker tables when
-    they exist only in the database (created by ``op.create_snowflake_worker_tables()``), so
+    """``context.configure(include_object=...)`` filter that ignores the worker and shard map
+    tables when they exist only in the database (created by
+    ``op.create_snowflake_worker_tables()`` / ``op.create_snowflake_shard_map_tables()``), so
     autogenerate does not propose dropping them."""
     return not (type_ == "table" and reflected and compare_to is None and name in _WORKER_TABLES)
 

@@ -7,6 +7,21 @@ Settings::
     DATABASE_ROUTERS = ["snowflake_db.django.routers.ControlDatabaseRouter",
                         "snowflake_db.django.sharding.ShardedDatabaseRouter"]
 
+To follow the shard map in the control database (``ShardRouter.from_control``) instead of a
+fixed router, give a dict::
+
+    SNOWFLAKE_SHARD_ROUTER = {
+        "CONTROL_DATABASE": "default",       # alias holding the map (default: SNOWFLAKE_DB's)
+        "TARGETS": ["shard0", "shard1"],     # aliases that may hold shards: migrated, and the
+                                             # only names the map may use
+        "REFRESH_SECONDS": 2.0,              # how stale the map may get (optional)
+    }
+
+The map's targets are ``DATABASES`` aliases; the router reads the map through SQLAlchemy (as the
+table worker allocator does) with the layout of ``SNOWFLAKE_DB["LAYOUT"]``, and routes every
+query by the map as it is when the query runs. :func:`atomic_with_retry` runs a transaction again
+when a moving shard's fence refused it.
+
 A sharded model mixes in :class:`ShardedModelMixin`, sets ``snowflake_shard_rule`` and uses
 ``objects = ShardedManager()``. Its primary key is a plain ``BigIntegerField(primary_key=True)``
 filled by ``save()``/``create()``/``bulk_create()`` with an ID that embeds the row's shard (a
@@ -20,19 +35,20 @@ partitioning migration operations are :mod:`snowflake_db.django.operations`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
-from django.db import models
+from django.db import models, transaction
 from django.utils.module_loading import import_string
 
 from ..errors import ShardingError
+from ..sharding.moved import DEFAULT_ATTEMPTS, DEFAULT_TIMEOUT_SECONDS, retry_shard_moved
 from ..sharding.routing import ShardRouter
 from ..sharding.rules import ShardRule
-from .conf import when_changed
+from .conf import get_settings, when_changed
 
 __all__ = [
     "ShardedDatabaseRouter",
@@ -40,23 +56,90 @@ __all__ = [
     "ShardedModelMixin",
     "ShardedQuerySet",
     "alias_for_instance",
+    "atomic_with_retry",
     "ensure_pk",
     "get_shard_router",
 ]
 
 SETTING_NAME = "SNOWFLAKE_SHARD_ROUTER"
+#: Keys of the dict form (a router following the control database's shard map).
+CONTROL_KEYS = frozenset({"CONTROL_DATABASE", "TARGETS", "REFRESH_SECONDS"})
 _cached: ShardRouter | None = None
+_T = TypeVar("_T")
+
+
+def _control_setting() -> dict[str, Any] | None:
+    """The dict form of the setting, checked; ``None`` for a router given in code."""
+    value = getattr(settings, SETTING_NAME, None)
+    if not isinstance(value, dict):
+        return None
+    unknown = sorted(set(value) - CONTROL_KEYS)
+    if unknown:
+        raise ImproperlyConfigured(
+            f"settings.{SETTING_NAME}: unknown key(s) {', '.join(unknown)}; known: "
+            f"{', '.join(sorted(CONTROL_KEYS))}"
+        )
+    targets = value.get("TARGETS")
+    if isinstance(targets, str) or not isinstance(targets, list | tuple) or not targets:
+        raise ImproperlyConfigured(
+            f"settings.{SETTING_NAME}['TARGETS'] must list the DATABASES aliases that may hold "
+            f"shards, got {targets!r}"
+        )
+    missing = [alias for alias in [*targets, value.get("CONTROL_DATABASE")]
+               if alias is not None and alias not in settings.DATABASES]
+    if missing:
+        raise ImproperlyConfigured(
+            f"settings.{SETTING_NAME}: alias(es) {missing} are not in DATABASES"
+        )
+    return value
+
+
+def shard_aliases() -> tuple[str, ...]:
+    """The aliases sharded models live on (and are migrated to): ``TARGETS`` of the dict form
+    (read without the control database, so ``migrate`` works before the map exists), else the
+    router's targets."""
+    control = _control_setting()
+    if control is not None:
+        return tuple(control["TARGETS"])
+    return get_shard_router().targets
+
+
+def _router_from_control(control: dict[str, Any]) -> ShardRouter:
+    from .worker import sqlalchemy_url
+
+    conf = get_settings()
+    alias = control.get("CONTROL_DATABASE") or conf.control_database
+    url: Any = conf.engine_url if conf.engine_url and alias == conf.control_database \
+        else sqlalchemy_url(alias)
+    refresh_s = control.get("REFRESH_SECONDS")
+    router = ShardRouter.from_control(url, layout=conf.layout, refresh_s=refresh_s)
+    allowed = set(control["TARGETS"])
+    strangers = [name for name in getattr(router, "known_targets", router.targets)
+                 if name not in allowed]
+    if strangers:
+        _close(router)
+        raise ImproperlyConfigured(
+            f"the shard map on alias {alias!r} names target(s) {strangers} that are not in "
+            f"settings.{SETTING_NAME}['TARGETS'] {sorted(allowed)}"
+        )
+    return router
 
 
 def get_shard_router() -> ShardRouter:
-    """The :class:`ShardRouter` named by ``settings.SNOWFLAKE_SHARD_ROUTER`` (cached)."""
+    """The :class:`ShardRouter` named by ``settings.SNOWFLAKE_SHARD_ROUTER`` (cached), or the
+    router following the control database's shard map for the dict form."""
     global _cached  # noqa: PLW0603 - cleared when settings change
     if _cached is None:
+        control = _control_setting()
+        if control is not None:
+            _cached = _router_from_control(control)
+            return _cached
         value = getattr(settings, SETTING_NAME, None)
         if value is None:
             raise ImproperlyConfigured(
                 f"settings.{SETTING_NAME} is not set: give the dotted path of a ShardRouter "
-                "whose targets are database aliases"
+                "whose targets are database aliases, or a dict naming the control database "
+                "that holds the shard map"
             )
         if isinstance(value, str):
             value = import_string(value)
@@ -75,9 +158,54 @@ def get_shard_router() -> ShardRouter:
     return _cached
 
 
+def _close(router: ShardRouter) -> None:
+    close = getattr(router, "close", None)
+    if close is not None:
+        close()
+
+
 def _clear_cache(setting: str, value: Any) -> None:
     global _cached  # noqa: PLW0603
+    if _cached is not None:
+        _close(_cached)
     _cached = None
+
+
+def atomic_with_retry(
+    work: Callable[[], _T],
+    *,
+    using: str | Callable[[], str] | None = None,
+    router: ShardRouter | None = None,
+    attempts: int = DEFAULT_ATTEMPTS,
+    timeout_s: float = DEFAULT_TIMEOUT_SECONDS,
+) -> _T:
+    """Run ``work()`` in ``transaction.atomic(using=...)``, again if a moving shard's fence
+    refused it (SQLSTATE ``SFM01``, seen through Django's ``DatabaseError.__cause__``).
+
+    ``using`` is an alias, or a function returning one, called before each attempt so that it
+    routes by the refreshed map (``lambda: Order.objects.alias_for(customer)``...); ``None``
+    leaves the transactions to ``work``. Between attempts the router (default:
+    :func:`get_shard_router`) is refreshed when it follows the control database's map.
+    Bounded by ``attempts`` and ``timeout_s``
+    (:func:`snowflake_db.sharding.moved.retry_shard_moved`). Refused inside an atomic block:
+    the outer transaction is already lost when the fence refuses, so only it could retry.
+    """
+
+    def attempt() -> _T:
+        alias = using() if callable(using) else using
+        if alias is None:
+            return work()
+        if transaction.get_connection(alias).in_atomic_block:
+            raise ShardingError(
+                f"atomic_with_retry() runs its own transaction: call it outside any atomic "
+                f"block on {alias!r} (a refused write aborts the outer transaction)"
+            )
+        with transaction.atomic(using=alias):
+            return work()
+
+    chosen = router if router is not None else get_shard_router()
+    refresh = getattr(chosen, "refresh", None)
+    return retry_shard_moved(attempt, refresh=refresh, attempts=attempts, timeout_s=timeout_s)
 
 
 when_changed((SETTING_NAME, "DATABASES"), _clear_cache)
@@ -210,7 +338,7 @@ class ShardedDatabaseRouter:
                 model = apps.get_model(app_label, model_name)
             except LookupError:
                 model = hints.get("model")
-        targets = get_shard_router().targets
+        targets = shard_aliases()
         if model is not None and rule_of(model) is not None:
             return db in targets
         if model is not None and db in targets and db != "default":

@@ -2,7 +2,10 @@
 
 This package imports no framework: the router (:mod:`snowflake_db.sharding.routing`), the
 per-table rules (:mod:`snowflake_db.sharding.rules`) and the PostgreSQL partitioning DDL
-(:mod:`snowflake_db.sharding.partitioning`) need only the standard library and the core.
+(:mod:`snowflake_db.sharding.partitioning`) need only the standard library and the core. The
+shard map in the control database (:mod:`snowflake_db.sharding.shard_map`) reads and writes it
+through SQLAlchemy Core, as the worker tables do; a router following it
+(``ShardRouter.from_control``) imports it only when it is built.
 Framework glue lives with its framework:
 :mod:`snowflake_db.sqlalchemy.sharding` (horizontal sharding choosers, table-per-shard helper),
 :mod:`snowflake_db.django.sharding` (database router, manager) and
@@ -18,6 +21,8 @@ from .engines import (
 )
 from .routing import (
     DEFAULT_FUTURE_SLACK_MS,
+    DEFAULT_REFRESH_SECONDS,
+    ControlledShardRouter,
     ShardKey,
     ShardRouter,
     blake2b64,
@@ -29,6 +34,8 @@ from .rules import ShardRule
 
 __all__ = [
     "DEFAULT_FUTURE_SLACK_MS",
+    "DEFAULT_REFRESH_SECONDS",
+    "ControlledShardRouter",
     "ForeignIdError",
     "ShardKey",
     "ShardRouter",

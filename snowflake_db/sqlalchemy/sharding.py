@@ -10,12 +10,17 @@
 New objects get their primary key in ``before_flush`` (embedding the shard of their shard key or
 parent), because the shard must be known before SQLAlchemy picks a connection for the INSERT.
 The routing itself (which shard an ID or key lives on) is :mod:`snowflake_db.sharding`.
+
+With a router that follows the shard map in the control database
+(``ShardRouter.from_control``), every chooser asks the router at the time of the statement, so
+sessions route by the current map; :func:`run_transaction` runs a unit of work again when a
+moving shard's fence refused it (:class:`~snowflake_db.errors.ShardMovedError`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from sqlalchemy import Column, Insert, MetaData, Table, and_, inspect, select
 from sqlalchemy.engine import Connection, Engine
@@ -34,10 +39,13 @@ from sqlalchemy.sql.selectable import Select
 
 from ..errors import ShardingError
 from ..generator import SnowflakeGenerator
+from ..sharding.moved import DEFAULT_ATTEMPTS, DEFAULT_TIMEOUT_SECONDS, retry_shard_moved
 from ..sharding.routing import ShardKey, ShardRouter
 from ..sharding.rules import ShardRule
 
-__all__ = ["ShardedRouting", "TablePerShard", "sharded_sessionmaker"]
+__all__ = ["ShardedRouting", "TablePerShard", "run_transaction", "sharded_sessionmaker"]
+
+_T = TypeVar("_T")
 
 
 def _table_name(table: Table | str | type) -> str:
@@ -251,9 +259,11 @@ def sharded_sessionmaker(
     """A ``sessionmaker`` of ``ShardedSession`` bound to one engine per router target.
 
     IDs are assigned in ``before_flush`` on every session it makes. Every target of the router
-    (and the unsharded target) needs an engine.
+    (and the unsharded target) needs an engine; for a router following the control database's
+    map, every target registered in the map (a move can put a shard on any of them).
     """
-    needed = set(routing.router.targets)
+    router = routing.router
+    needed = set(getattr(router, "known_targets", router.targets))
     if routing.unsharded_target:
         needed.add(routing.unsharded_target)
     missing = sorted(needed - set(engines))
@@ -266,6 +276,33 @@ def sharded_sessionmaker(
 
     event.listen(factory, "before_flush", routing.assign_ids)
     return factory
+
+
+def run_transaction(
+    session_factory: Callable[[], Session],
+    work: Callable[[Session], _T],
+    *,
+    router: ShardRouter | None = None,
+    attempts: int = DEFAULT_ATTEMPTS,
+    timeout_s: float = DEFAULT_TIMEOUT_SECONDS,
+) -> _T:
+    """Run ``work(session)`` in a new session's transaction, again if a moving shard's fence
+    refused it.
+
+    Each attempt opens a session from ``session_factory`` (a :func:`sharded_sessionmaker`),
+    begins, runs ``work`` and commits; a refusal (SQLSTATE ``SFM01``, seen through SQLAlchemy's
+    ``DBAPIError``) rolls it back, refreshes ``router`` (when it follows the control database's
+    map) and tries again, within ``attempts`` and ``timeout_s``
+    (:func:`snowflake_db.sharding.moved.retry_shard_moved`). ``work`` must be safe to run again:
+    build the objects inside it, not before.
+    """
+
+    def attempt() -> _T:
+        with session_factory() as session, session.begin():
+            return work(session)
+
+    refresh = getattr(router, "refresh", None) if router is not None else None
+    return retry_shard_moved(attempt, refresh=refresh, attempts=attempts, timeout_s=timeout_s)
 
 
 class TablePerShard:

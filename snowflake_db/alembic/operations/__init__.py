@@ -4,6 +4,8 @@ Importing :mod:`snowflake_db.alembic` (in ``env.py``) registers:
 
 * ``op.create_snowflake_worker_tables()`` / ``op.drop_snowflake_worker_tables()``
   (:mod:`.worker_tables`)
+* ``op.create_snowflake_shard_map_tables()`` / ``op.drop_snowflake_shard_map_tables()``
+  (the shard map in the control database, :mod:`.shard_map`)
 * ``op.convert_to_snowflake_pk(table, column="id")`` / ``op.revert_snowflake_pk(...)``
   (:mod:`.primary_keys`)
 * ``op.create_snowflake_id_function()`` / ``op.drop_snowflake_id_function()`` (PostgreSQL,
@@ -26,6 +28,7 @@ from .partitions import (
     CreateTimePartitionedTableOp,
 )
 from .primary_keys import ConvertToSnowflakePkOp, RevertSnowflakePkOp
+from .shard_map import CreateSnowflakeShardMapTablesOp, DropSnowflakeShardMapTablesOp
 from .sharded_orders import CreateShardedOrdersOp, DropShardedOrdersOp
 from .worker_tables import CreateSnowflakeWorkerTablesOp, DropSnowflakeWorkerTablesOp
 
@@ -35,10 +38,12 @@ __all__ = [
     "CreateShardPartitionedTableOp",
     "CreateShardedOrdersOp",
     "CreateSnowflakeIdFunctionOp",
+    "CreateSnowflakeShardMapTablesOp",
     "CreateSnowflakeWorkerTablesOp",
     "CreateTimePartitionedTableOp",
     "DropShardedOrdersOp",
     "DropSnowflakeIdFunctionOp",
+    "DropSnowflakeShardMapTablesOp",
     "DropSnowflakeWorkerTablesOp",
     "RevertSnowflakePkOp",
 ]
