@@ -602,7 +602,12 @@ def outage_phase(args: argparse.Namespace, out: str) -> list[str]:
                 notes.append(f"fenced {first_deadline / 1000 - fenced_at:.2f} s before it")
                 if fenced_at * 1000 >= first_deadline:
                     missed.append(f"process {result.index} fenced after its deadline")
-            notes.append(f"resumed {resumed:.2f} s after the return")
+            # "back" is stamped when pg_ctl start returns, which polls for readiness: a process
+            # can reconnect a little before that, and then resumed is negative.
+            notes.append(
+                f"resumed {resumed:.2f} s after the return" if resumed >= 0
+                else f"resumed {-resumed:.2f} s before pg_ctl reported the server ready"
+            )
             if resumed > RESUME_TARGET_S:
                 missed.append(
                     f"process {result.index} resumed {resumed:.2f} s after the database's return"
