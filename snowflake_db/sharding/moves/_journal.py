@@ -56,7 +56,8 @@ class MoveRecord:
 
     @property
     def flipped(self) -> bool:
-        return self.flipped_version is not None or self.state in FLIPPED_STATES
+        """The flip committed (it records ``flipped_version`` in its own transaction)."""
+        return self.flipped_version is not None
 
 
 @dataclass(frozen=True)

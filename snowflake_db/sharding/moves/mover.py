@@ -83,7 +83,7 @@ __all__ = [
 ]
 
 #: The journaled forward steps and the move state each one runs in, in order.
-FORWARD_STEPS: tuple[tuple[str, str], ...] = (
+FORWARD_STEPS: tuple[tuple[str, str | None], ...] = (
     ("check", "planned"),
     ("capture", "capturing"),
     ("copy", "copying"),
@@ -92,7 +92,7 @@ FORWARD_STEPS: tuple[tuple[str, str], ...] = (
     ("drain", "drained"),
     ("verify", "verified"),
     ("drop_old_fence", "verified"),
-    ("flip", "flipped"),
+    ("flip", None),  # the flip's own transaction sets the state "flipped"
     ("barrier", "barrier"),
     ("cleanup", "cleaning"),
     ("delete_source_rows", "cleaning"),
