@@ -593,3 +593,76 @@ def test_move_stopped_by_a_failing_step_exits_1_and_can_be_aborted(
     assert f"move {again.id} of shard {shard}" in err
     mover.abort(again.id)
     setup.pair.assert_nothing_left()
+
+
+# -- manage.py snowflake shards ------------------------------------------------------------------
+
+_DJANGO = textwrap.dedent("""
+    import sys
+    import django
+    from django.conf import settings
+
+    control, a, b = sys.argv[1:4]
+
+    def database(url):
+        rest = url.split("://", 1)[1]
+        user, _, rest = rest.partition("@")
+        hostport, _, name = rest.partition("/")
+        host, _, port = hostport.partition(":")
+        return {"ENGINE": "django.db.backends.postgresql", "NAME": name, "USER": user,
+                "HOST": host, "PORT": port}
+
+    settings.configure(
+        INSTALLED_APPS=["snowflake_db.django"],
+        DATABASES={"default": database(control), "shard_a": database(a),
+                   "shard_b": database(b)},
+        SNOWFLAKE_DB={"WORKER_SOURCE": "manual", "LAYOUT": {"sequence_bits": 8,
+                                                            "shard_bits": 4}},
+        SNOWFLAKE_SHARD_ROUTER={"TARGETS": ["shard_a", "shard_b"]},
+    )
+    django.setup()
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["manage.py", "snowflake", "shards", *sys.argv[4:]])
+""")
+
+
+def test_manage_py_shards_init_plan_and_move_on_database_aliases(clusters: Clusters) -> None:
+    """DATABASES aliases as targets, the control alias of SNOWFLAKE_DB: init, a dry run, a
+    move, show; a mistake exits 2 with one line."""
+    with make_pair(clusters, prefix="djmover") as pair:
+        name = f"{pair.db}_ctl"
+        clusters.source.create_database(name)
+        urls = [clusters.source.url(name), clusters.source.url(pair.db),
+                clusters.target.url(pair.db)]
+        engine = create_engine(urls[0])
+        try:
+            create_shard_map_tables(engine)
+            worker_tables(MetaData()).slots.metadata.create_all(engine)
+        finally:
+            engine.dispose()
+
+        def manage(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-c", _DJANGO, *urls, *args], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=120, check=False)
+
+        done = manage("init", "--assign", "shard_a")
+        assert done.returncode == 0, done.stderr
+        assert "shard_a (postgresql): 16 shard(s)" in done.stdout
+        assert "shard_b (postgresql): 0 shard(s)" in done.stdout
+        tables = ("--table", "orders", "--table", "order_items")
+        done = manage("move", "--shard", "8", "--to", "shard_b", "--dry-run", *tables)
+        assert done.returncode == 0 and "dry run: shard 8: shard_a -> shard_b" in done.stdout
+        before = {t: pair.rows("source", t, 8) for t in ("orders", "order_items")}
+        done = manage("move", "--shard", "8", "--to", "shard_b", *tables)
+        assert done.returncode == 0, done.stderr
+        assert "shard 8 is on shard_b, done" in done.stdout
+        assert {t: pair.rows("target", t, 8) for t in ("orders", "order_items")} == before
+        assert pair.rows("source", "orders", 8) == {}
+        pair.assert_nothing_left()
+        done = manage("show")
+        assert done.returncode == 0 and "shard_b (postgresql): 1 shard(s): 8" in done.stdout
+        done = manage("move", "--shard", "8", "--to", "shard_c", *tables)
+        assert done.returncode == 2
+        assert done.stderr.strip().count("\n") == 0
+        assert "unknown shard target 'shard_c'" in done.stderr
