@@ -506,8 +506,11 @@ def test_a_moving_shard_and_a_layout_without_shard_bits_are_refused(setup: Setup
     from snowflake_db import Layout
     from snowflake_db.errors import LayoutMismatchError
 
-    with pytest.raises(LayoutMismatchError):
-        setup.mover().__class__(setup.control, setup.targets, layout=Layout(sequence_bits=8),
+    with pytest.raises(ShardMoveError, match=r"no shard bits \(shard_bits=0\)"):
+        ShardMover(setup.control, setup.targets, layout=Layout(sequence_bits=8), tables=TABLES)
+    with pytest.raises(LayoutMismatchError):  # another layout than the map's
+        setup.mover().__class__(setup.control, setup.targets,
+                                layout=Layout(sequence_bits=7, shard_bits=4),
                                 tables=TABLES).plan(6, "b")
     with pytest.raises(UnknownShardError, match="unknown shard target 'zz'"):
         setup.mover().move(1, "zz")

@@ -248,6 +248,10 @@ class ShardMover:
         progress_every_s: float = 2.0,
     ) -> None:
         self.layout = require_layout(layout)
+        if self.layout.shard_bits == 0:
+            raise ShardMoveError(
+                "the layout has no shard bits (shard_bits=0): IDs do not carry a logical shard, "
+                "so no shard can move by its rows' IDs; moves need Layout(shard_bits>0)")
         if not tables:
             raise InvalidArgumentError("tables is empty: a move needs at least one sharded table")
         self.tables = tuple(t if isinstance(t, MovedTable) else MovedTable(t) for t in tables)
