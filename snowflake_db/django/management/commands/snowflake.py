@@ -9,6 +9,7 @@
     manage.py snowflake doctor [--json]      # layout, its end, clock skew, slots, partitions
     manage.py snowflake widen [--dry-run]    # keys migrations left narrow (check E010)
     manage.py snowflake remove-orphaned-tags [--dry-run]   # django-taggit, any through model
+    manage.py snowflake shards init|show|plan|move ...      # the shard map, online shard moves
 
 Leases are read and reaped by :class:`snowflake_db.worker.TableWorkerAllocator` itself,
 judged by the database clock, with the tables and options of ``SNOWFLAKE_DB`` (its layout and
@@ -70,6 +71,39 @@ class Command(BaseCommand):
                         "remove_orphaned_tags sees only taggit's own TaggedItem)")
         orphans = sub.add_parser("remove-orphaned-tags", help=orphans_help)
         orphans.add_argument("--dry-run", action="store_true")
+        self._add_shards(sub)
+
+    @staticmethod
+    def _add_shards(sub: Any) -> None:
+        """``shards init|show|plan|move``: ``snowflake-db shards`` with DATABASES aliases as
+        targets (default: SNOWFLAKE_SHARD_ROUTER's TARGETS) and the control alias of the
+        worker tables (default: CONTROL_DATABASE)."""
+        shards = sub.add_parser("shards", help="the shard map; move logical shards online")
+        verbs = shards.add_subparsers(dest="shards_action", required=True)
+        parsers = {verb: verbs.add_parser(verb) for verb in ("init", "show", "plan", "move")}
+        for verb, parser in parsers.items():
+            parser.add_argument("--database", help="control alias (default: CONTROL_DATABASE)")
+            if verb != "show":
+                parser.add_argument("--target", action="append", default=[], metavar="ALIAS",
+                                    help="a DATABASES alias holding shards; repeat "
+                                    "(default: SNOWFLAKE_SHARD_ROUTER's TARGETS)")
+            if verb in ("plan", "move"):
+                parser.add_argument("--table", action="append", default=[], metavar="NAME")
+                parser.add_argument("--shard", type=int, default=None)
+                parser.add_argument("--to", default=None, metavar="ALIAS")
+                parser.add_argument("--lease-seconds", type=float, default=30.0)
+                parser.add_argument("--barrier-timeout", type=float, default=300.0)
+        parsers["init"].add_argument("--assign", action="append", default=[], metavar="ALIAS")
+        parsers["show"].add_argument("--move", type=int, default=None, metavar="ID")
+        parsers["show"].add_argument("--json", action="store_true")
+        parsers["plan"].add_argument("--balance", action="store_true")
+        parsers["plan"].add_argument("--json", action="store_true")
+        which = parsers["move"].add_mutually_exclusive_group()
+        which.add_argument("--resume", type=int, default=None, metavar="ID")
+        which.add_argument("--abort", type=int, default=None, metavar="ID")
+        which.add_argument("--dry-run", action="store_true")
+        parsers["move"].add_argument("--force", action="store_true")
+        parsers["move"].add_argument("--terminate-blockers", action="store_true")
 
     @staticmethod
     def _add_worker_verbs(parsers: Any, *, aliased: bool) -> None:
@@ -90,6 +124,13 @@ class Command(BaseCommand):
         check = parsers.add_parser("check", help=check_help + alias_note.format("check"))
         for parser in (listing, reap, check):
             parser.add_argument("--database", help="alias (default: CONTROL_DATABASE)")
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        """``shards`` skips the system checks: ``shards init`` creates the map the router's
+        check (E013) looks for, and a move must run whatever the checks say."""
+        if options.get("action") == "shards":
+            options["skip_checks"] = True
+        return super().execute(*args, **options)
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -114,6 +155,8 @@ class Command(BaseCommand):
             self._widen(options["database"], dry_run=options["dry_run"])
         elif action == "remove-orphaned-tags":
             self._remove_orphaned_tags(dry_run=options["dry_run"])
+        elif action == "shards":
+            self._shards(options)
         else:
             self._reap(options.get("database"), dry_run=options["dry_run"])
 
@@ -257,3 +300,67 @@ class Command(BaseCommand):
         problems = report.problems()
         if problems:
             raise CommandError(f"{len(problems)} problem(s): {problems[0]}")
+
+    def _shards(self, options: dict[str, Any]) -> None:
+        """``snowflake-db shards`` (:mod:`snowflake_db.cli.shards`) on DATABASES aliases: a
+        mistake is a CommandError (exit 2), a move that stopped exits 1."""
+        from ....cli import shards
+        from ...worker import sqlalchemy_url
+
+        conf = get_settings()
+        verb = options["shards_action"]
+        alias = options.get("database") or conf.control_database
+        if alias not in connections:
+            raise CommandError(f"--database {alias!r} is not a database alias", returncode=2)
+        control: Any = (conf.engine_url if conf.engine_url and alias == conf.control_database
+                        else sqlalchemy_url(alias))
+
+        def write(text: str) -> None:
+            self.stdout.write(text)
+            self.stdout.flush()
+
+        try:
+            if verb == "show":
+                shards.show(control, schema=None, move_id=options["move"],
+                            as_json=options["json"], write=write)
+                return
+            targets = {name: sqlalchemy_url(name) for name in self._shard_aliases(options)}
+            if verb == "init":
+                shards.init(control, targets, layout=conf.layout, assign=options["assign"],
+                            schema=None, write=write)
+                return
+            tables = shards.parse_tables(options["table"])
+            with shards.mover(control, targets, tables, schema=None,
+                              lease_s=options["lease_seconds"],
+                              barrier_timeout_s=options["barrier_timeout"],
+                              layout=conf.layout) as mover:
+                if verb == "plan":
+                    shards.plan(mover, shard=options["shard"], to=options["to"],
+                                balance=options["balance"], as_json=options["json"],
+                                write=write)
+                else:
+                    shards.move(mover, shard=options["shard"], to=options["to"],
+                                resume=options["resume"], abort=options["abort"],
+                                dry_run=options["dry_run"], force=options["force"],
+                                terminate_blockers=options["terminate_blockers"], write=write)
+        except shards.MoveStoppedCommandError as error:
+            raise CommandError(str(error), returncode=1) from None
+        except (SnowflakeError, ImportError) as error:
+            raise CommandError(" ".join(str(error).split()), returncode=2) from None
+
+    @staticmethod
+    def _shard_aliases(options: dict[str, Any]) -> list[str]:
+        aliases = list(options.get("target") or [])
+        if not aliases:
+            from ...sharding import shard_aliases
+
+            try:
+                aliases = list(shard_aliases())
+            except Exception as error:
+                raise CommandError(
+                    f"give --target ALIAS (SNOWFLAKE_SHARD_ROUTER names none: {error})",
+                    returncode=2) from None
+        unknown = [alias for alias in aliases if alias not in connections]
+        if unknown:
+            raise CommandError(f"--target {unknown[0]!r} is not a database alias", returncode=2)
+        return aliases

@@ -1,0 +1,671 @@
+"""The journaled shard mover (ShardMover and ``snowflake-db shards``) on two throwaway clusters.
+
+Both clusters run ``wal_level = logical`` (a shard moves from ``a`` to ``b`` and back); the
+control database is a third database on the first cluster. Each test has its own databases:
+two sharded tables of a few thousand rows, every logical shard on ``a`` at first. A mover is
+killed with a real SIGKILL (a subprocess running ``move()``) after each journaled step, then
+``shards move --resume`` finishes the move. Without the PostgreSQL binaries the tests skip with
+the reason; under ``CI=true`` they fail.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, MetaData, create_engine, insert, select
+
+from snowflake_db import SnowflakeGenerator
+from snowflake_db.cli import main
+from snowflake_db.errors import ShardMoveError, UnknownShardError
+from snowflake_db.sharding.moves import (
+    FENCE_SQLSTATE,
+    FORWARD_STEPS,
+    MoveStoppedError,
+    ShardMover,
+    wait_until,
+)
+from snowflake_db.sharding.routing import ControlledShardRouter
+from snowflake_db.sharding.shard_map import (
+    add_target,
+    create_shard_map_tables,
+    init_shard_map,
+    read_shard_map,
+    report_seen,
+    shard_map_tables,
+)
+from snowflake_db.worker import worker_tables
+
+from ..plugins.shard_moves import (
+    LAYOUT,
+    MASK,
+    SOURCE_CONF,
+    TABLES,
+    Clusters,
+    Pair,
+    make_pair,
+    start_clusters,
+)
+
+pytestmark = pytest.mark.xdist_group("shard_mover")
+
+BOTH_CONF = SOURCE_CONF + "max_logical_replication_workers = 6\n"
+ROOT = Path(__file__).resolve().parents[2]
+_controls = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def clusters() -> Iterator[Clusters]:
+    with start_clusters(BOTH_CONF, BOTH_CONF) as started:
+        yield started
+
+
+@dataclass
+class Setup:
+    """A database pair (``a`` = first cluster, ``b`` = second), the control database and the
+    map: every shard on ``a``, ``b`` registered."""
+
+    pair: Pair
+    control_url: str
+    control: Engine
+    movers: list[ShardMover] = field(default_factory=list)
+
+    def url(self, name: str) -> str:
+        cluster = self.pair.clusters.source if name == "a" else self.pair.clusters.target
+        return cluster.url(self.pair.db)
+
+    @property
+    def targets(self) -> dict[str, str]:
+        return {"a": self.url("a"), "b": self.url("b")}
+
+    def mover(self, **options: Any) -> ShardMover:
+        options.setdefault("lease_s", 5.0)
+        options.setdefault("barrier_timeout_s", 30.0)
+        options.setdefault("copy_timeout_s", 60.0)
+        options.setdefault("catch_up_timeout_s", 60.0)
+        mover = ShardMover(self.control, self.targets, layout=LAYOUT, tables=TABLES, **options)
+        self.movers.append(mover)
+        return mover
+
+    def map_of(self, shard: int) -> tuple[str, str]:
+        row = read_shard_map(self.control).rows[shard]
+        return row.target, row.state
+
+    def cli(self, *args: str, only: tuple[str, ...] = ("a", "b")) -> list[str]:
+        return ["shards", *args, "--control", self.control_url,
+                *(a for name, url in self.targets.items() if name in only
+                  for a in ("--target", f"{name}={url}"))]
+
+    def cli_move(self, *args: str, only: tuple[str, ...] = ("a", "b"),
+                 tables: tuple[str, ...] = ("orders", "order_items")) -> list[str]:
+        return [*self.cli("move", *args, only=only),
+                *(a for table in tables for a in ("--table", table)), "--lease-seconds", "5"]
+
+    def rows(self, name: str, shard: int) -> dict[str, dict[int, tuple[Any, ...]]]:
+        which = "source" if name == "a" else "target"
+        return {table: self.pair.rows(which, table, shard) for table in ("orders", "order_items")}
+
+    def control_counts(self) -> tuple[int, int]:
+        tables = shard_map_tables(MetaData())
+        with self.control.connect() as connection:
+            return (len(connection.execute(select(tables.moves.c.id)).all()),
+                    read_shard_map(connection).version)
+
+
+@pytest.fixture
+def setup(clusters: Clusters) -> Iterator[Setup]:
+    with make_pair(clusters, prefix="mover") as pair:
+        name = f"{pair.db}_ctl{next(_controls)}"
+        clusters.source.create_database(name)
+        url = clusters.source.url(name)
+        control = create_engine(url)
+        create_shard_map_tables(control)
+        worker_tables(MetaData()).slots.metadata.create_all(control)
+        init_shard_map(control, layout=LAYOUT, assignment=["a"])
+        add_target(control, "b")
+        made = Setup(pair, url, control)
+        try:
+            yield made
+        finally:
+            for mover in made.movers:
+                mover.close()
+            control.dispose()
+
+
+def assert_moved(setup: Setup, shard: int, before: dict[str, dict[int, tuple[Any, ...]]],
+                 move_id: int, to: str = "b") -> None:
+    """The shard's rows are on ``to`` exactly as they were, gone from the other side; the map
+    serves it from ``to``; nothing of the move's replication is left."""
+    other = "a" if to == "b" else "b"
+    assert setup.rows(to, shard) == before
+    assert setup.rows(other, shard) == {"orders": {}, "order_items": {}}
+    assert setup.map_of(shard) == (to, "serving")
+    mover = setup.mover()
+    status = mover.status(move_id)
+    assert status.move.state == "done" and status.move.mover_token is None
+    left = mover.leftovers(move_id)
+    assert left.replication_empty and len(left.fence_triggers) == 6
+    setup.pair.assert_nothing_left()
+
+
+# -- the whole move under writers -----------------------------------------------------------------
+
+
+@dataclass
+class RoutedWriter:
+    """Writes (insert, update, delete of its own rows) routed by the map in the control
+    database; a write refused by a fence is retried after a refresh of the router (bounded)."""
+
+    worker_id: int
+    setup: Setup
+    stop: threading.Event
+    acked: dict[int, str] = field(default_factory=dict)
+    deleted: set[int] = field(default_factory=set)
+    refused: int = 0
+    ops: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def run(self) -> None:
+        generator = SnowflakeGenerator(self.worker_id, layout=LAYOUT)
+        rng = random.Random(self.worker_id)
+        router = ControlledShardRouter(self.setup.control, layout=LAYOUT, refresh_s=0.1)
+        conns = {name: psycopg.connect(self.setup.url(name).replace("+psycopg", ""),
+                                       autocommit=True) for name in ("a", "b")}
+        try:
+            while not self.stop.is_set() and self.ops < 20_000:
+                self._one(router, conns, generator, rng)
+                time.sleep(0.002)
+        except Exception as error:  # reported by the test
+            self.errors.append(repr(error))
+        finally:
+            router.close()
+            for conn in conns.values():
+                conn.close()
+
+    def _one(self, router: ControlledShardRouter, conns: dict[str, psycopg.Connection[Any]],
+             generator: SnowflakeGenerator, rng: random.Random) -> None:
+        roll = rng.random()
+        if self.acked and roll < 0.2:
+            oid, kind = rng.choice(list(self.acked)), "update"
+            status = f"paid{rng.randrange(999)}"
+            query, params = "UPDATE orders SET status = %s WHERE id = %s", (status, oid)
+        elif self.acked and roll < 0.3:
+            oid, kind, status = rng.choice(list(self.acked)), "delete", ""
+            query, params = "DELETE FROM orders WHERE id = %s", (oid,)
+        else:
+            shard = 5 if roll < 0.6 else rng.randrange(MASK + 1)
+            oid, kind, status = generator.next_id_in_shard(shard), "insert", "new"
+            query = "INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, %s, %s)"
+            params = (oid, 1, 1)  # type: ignore[assignment]
+        deadline = time.monotonic() + 30
+        while True:
+            target = router.target_of_shard(oid & MASK)
+            try:
+                result = conns[target].execute(query, params)
+                break
+            except psycopg.Error as error:
+                if error.sqlstate != FENCE_SQLSTATE or time.monotonic() > deadline:
+                    raise
+                self.refused += 1
+                time.sleep(0.05)
+                router.refresh()
+        self.ops += 1
+        if kind == "delete":
+            assert result.rowcount == 1, oid
+            del self.acked[oid]
+            self.deleted.add(oid)
+        else:
+            assert result.rowcount == 1, oid
+            self.acked[oid] = status
+
+
+def test_full_move_under_writers_keeps_every_acknowledged_order_once(setup: Setup) -> None:
+    shard = 5
+    stop = threading.Event()
+    writers = [RoutedWriter(w, setup, stop) for w in (1, 2)]
+    threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
+    events: list[str] = []
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: all(w.ops >= 20 for w in writers), timeout_s=30,
+                   what="writers running")
+        move_id = setup.mover(progress_every_s=0.2).move(
+            shard, "b", progress=lambda event: events.append(str(event)))
+        ops_after_move = sum(w.ops for w in writers)
+        wait_until(lambda: sum(w.ops for w in writers) >= ops_after_move + 40, timeout_s=30,
+                   what="writes after the move")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert [w.errors for w in writers] == [[], []]
+    assert sum(w.refused for w in writers) >= 1  # the fence refused, the retry passed
+    # Every acknowledged order exactly once, where the final map says, as acknowledged.
+    final = read_shard_map(setup.control).mapping
+    assert final[shard] == "b" and all(final[s] == "a" for s in range(16) if s != shard)
+    on = {name: setup.pair.rows("source" if name == "a" else "target", "orders", s)
+          for name in ("a",) for s in [shard]}
+    assert on["a"] == {}
+    with setup.pair.connect("source") as a, setup.pair.connect("target") as b:
+        where = {"a": a, "b": b}
+        for w in writers:
+            for oid, status in w.acked.items():
+                found = {name: conn.execute("SELECT status FROM orders WHERE id = %s",
+                                            (oid,)).fetchall() for name, conn in where.items()}
+                assert found[final[oid & MASK]] == [(status,)], oid
+                other = "a" if final[oid & MASK] == "b" else "b"
+                assert found[other] == [], oid
+            for oid in w.deleted:
+                assert all(conn.execute("SELECT 1 FROM orders WHERE id = %s",
+                                        (oid,)).fetchall() == [] for conn in where.values())
+        assert b.execute(f"SELECT count(*) FROM orders WHERE (id & {MASK}) <> {shard}"
+                         ).fetchone() == (0,)
+    status = setup.mover().status(move_id)
+    steps = [(row.step, row.status) for row in status.journal]
+    expected = [("plan", "done")] + [(name, s) for name, _ in FORWARD_STEPS
+                                    for s in ("started", "done")]
+    assert steps == expected
+    assert status.move.state == "done" and status.move.flipped_version is not None
+    assert any("catch_up" in e for e in events) and any("done: shard 5 on b" in e for e in events)
+    setup.pair.assert_nothing_left()
+
+
+# -- killed after each journaled step, then resumed --------------------------------------------
+
+_KILLER = textwrap.dedent("""
+    import os, signal, sys
+    from snowflake_db.sharding.moves import _journal, ShardMover
+    from tests.plugins.shard_moves import LAYOUT, TABLES
+
+    kill_after, status = sys.argv[1], sys.argv[2]
+    original = {"done": _journal.Journal.done, "started": _journal.Journal.started}
+
+    def wrap(kind):
+        def journaled(self, step, *args, **kwargs):
+            original[kind](self, step, *args, **kwargs)
+            if step == kill_after and kind == status:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return journaled
+
+    _journal.Journal.done = wrap("done")
+    _journal.Journal.started = wrap("started")
+    targets = dict(arg.split("=", 1) for arg in sys.argv[5:])
+    mover = ShardMover(sys.argv[3], targets, layout=LAYOUT, tables=TABLES, lease_s=30)
+    mover.move(int(sys.argv[4]), "b")
+    sys.exit(3)  # never reached: the mover was killed
+""")
+
+
+def _kill_mover_after(setup: Setup, shard: int, step: str, status: str = "done") -> int:
+    """Run ``move(shard, 'b')`` in a subprocess SIGKILLed right after the journal line
+    ``step``/``status``; return the move's id."""
+    args = [sys.executable, "-c", _KILLER, step, status, setup.control_url, str(shard),
+            *(f"{name}={url}" for name, url in setup.targets.items())]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    record = setup.mover().moves(limit=1)[0]
+    assert record.shard == shard and record.state not in ("done", "aborted")
+    return record.id
+
+
+KILL_POINTS = [(name, "done") for name, _ in FORWARD_STEPS[:-1]] + [
+    ("fence", "started"), ("flip", "started"), ("barrier", "started"), ("cleanup", "started")]
+
+
+def test_mover_killed_after_each_journaled_step_then_resumed(
+    setup: Setup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert len(KILL_POINTS) <= MASK + 1
+    for shard, (step, status) in enumerate(KILL_POINTS):
+        before = setup.rows("a", shard)
+        move_id = _kill_mover_after(setup, shard, step, status)
+        flipped = setup.mover().status(move_id).move.flipped
+        assert setup.map_of(shard)[0] == ("b" if flipped else "a"), step
+        # Its lease (30 s) has not lapsed: a plain resume is refused, --force takes over.
+        assert main(setup.cli_move("--resume", str(move_id))) == 2
+        assert "held by a running mover" in capsys.readouterr().err
+        assert main(setup.cli_move("--resume", str(move_id), "--force")) == 0, step
+        out = capsys.readouterr().out
+        assert f"move {move_id}: shard {shard} a -> b, done" in out, out
+        assert_moved(setup, shard, before, move_id)
+
+
+# -- abort, a second mover, moving back -----------------------------------------------------------
+
+
+def test_abort_before_the_flip_serves_the_shard_from_the_source_again(
+    setup: Setup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shard = 7
+    before = setup.rows("a", shard)
+    move_id = _kill_mover_after(setup, shard, "verify")
+    assert setup.map_of(shard) == ("a", "cutover")
+    assert main(setup.cli_move("--abort", str(move_id), "--force")) == 0
+    assert f"move {move_id}: shard {shard} a -> b, aborted" in capsys.readouterr().out
+    assert setup.map_of(shard) == ("a", "serving")
+    assert setup.rows("a", shard) == before
+    assert setup.rows("b", shard) == {"orders": {}, "order_items": {}}
+    mover = setup.mover()
+    assert mover.leftovers(move_id).empty
+    setup.pair.assert_nothing_left()
+    record = mover.status(move_id).move
+    assert record.state == "aborted" and record.mover_token is None
+    with setup.pair.connect("source") as a:  # the fence is gone: the shard takes writes
+        a.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 1, 1)",
+                  ((99 << 4) | shard,))
+    # The shard is free again: a new move takes it all the way.
+    before = setup.rows("a", shard)
+    again = mover.move(shard, "b")
+    assert again != move_id
+    assert_moved(setup, shard, before, again)
+    # After the flip an abort is refused, and says why.
+    with pytest.raises(ShardMoveError, match=r"has flipped .* cannot be aborted"):
+        mover.abort(again)
+
+
+def test_a_second_mover_is_refused_until_the_first_lease_lapses(setup: Setup) -> None:
+    shard = 2
+    move_id = _kill_mover_after(setup, shard, "copy")
+    mover = setup.mover()
+    with pytest.raises(ShardMoveError, match=f"shard {shard} is already moving: move {move_id}"):
+        mover.move(shard, "b")
+    with pytest.raises(ShardMoveError, match="held by a running mover"):
+        mover.resume(move_id)
+    with pytest.raises(ShardMoveError, match="held by a running mover"):
+        mover.abort(move_id)
+    # The lease lapses by the database clock (shortened here instead of waiting 30 s).
+    tables = shard_map_tables(MetaData())
+    with setup.control.begin() as connection:
+        connection.execute(tables.moves.update().where(tables.moves.c.id == move_id)
+                           .values(mover_expires_at_ms=tables.moves.c.mover_expires_at_ms
+                                   - 31_000))
+    before = setup.rows("a", shard)
+    assert mover.resume(move_id).state == "done"
+    assert_moved(setup, shard, before, move_id)
+
+
+def test_moving_back_drops_the_old_fence_before_the_flip(setup: Setup) -> None:
+    shard = 11
+    mover = setup.mover()
+    before = setup.rows("a", shard)
+    there = mover.move(shard, "b")
+    assert_moved(setup, shard, before, there)
+    with setup.pair.connect("target") as b:
+        b.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 1, 1)",
+                  ((77 << 4) | shard,))
+    before = setup.rows("b", shard)
+    back = mover.move(shard, "a")
+    assert setup.rows("a", shard) == before
+    assert setup.map_of(shard) == ("a", "serving")
+    journal = {row.step: row.detail for row in mover.status(back).journal
+               if row.status == "done"}
+    assert "sfdb_fence_" in (journal["drop_old_fence"] or "")
+    assert mover.leftovers(there).fence_triggers == ()  # move 1's fence on a is gone
+    with setup.pair.connect("source") as a:  # a takes the shard's writes again
+        a.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 1, 1)",
+                  ((78 << 4) | shard,))
+    with setup.pair.connect("target") as b, pytest.raises(psycopg.Error) as refused:
+        b.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 1, 1)",
+                  ((79 << 4) | shard,))
+    assert refused.value.sqlstate == FENCE_SQLSTATE
+    setup.pair.assert_nothing_left()
+
+
+def test_the_barrier_waits_for_a_live_lease_to_report_the_new_map(setup: Setup) -> None:
+    shard = 4
+    slots = worker_tables(MetaData()).slots
+    with setup.control.begin() as connection:
+        now_ms = int(time.time() * 1000)
+        connection.execute(insert(slots).values(
+            worker_id=3, lease_token="t" * 32, expires_at_ms=now_ms + 120_000,
+            **_slot_defaults(slots)))
+    events: list[str] = []
+    mover = setup.mover(progress_every_s=0.2)
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(
+        id=mover.move(shard, "b", progress=lambda e: events.append(str(e)))), daemon=True)
+    thread.start()
+    wait_until(lambda: any("waiting for worker IDs [3]" in e for e in events), timeout_s=60,
+               what="the barrier waiting for worker 3")
+    assert setup.map_of(shard) == ("b", "serving")  # flipped; the source's rows still there
+    assert setup.rows("a", shard)["orders"]
+    version = read_shard_map(setup.control).version
+    assert report_seen(setup.control, worker_id=3, lease_token="t" * 32, version=version)
+    thread.join(60)
+    assert "id" in result
+    status = mover.status(result["id"])
+    assert status.move.state == "done"
+    assert setup.rows("a", shard) == {"orders": {}, "order_items": {}}
+
+
+def _slot_defaults(slots: Any) -> dict[str, Any]:
+    """Values for the slot columns a test row needs besides worker_id, token and expiry."""
+    values: dict[str, Any] = {}
+    for column in slots.columns:
+        if column.name in ("worker_id", "lease_token", "expires_at_ms"):
+            continue
+        if not column.nullable and column.default is None and column.server_default is None:
+            values[column.name] = 0 if column.type.python_type is int else ""
+    return values
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+BAD_MOVES: dict[str, tuple[list[str], str]] = {
+    "unknown target": (["--shard", "3", "--to", "c"], "unknown shard target 'c'"),
+    "unknown shard": (["--shard", "16", "--to", "b"], "unknown logical shard 16"),
+    "where it is": (["--shard", "3", "--to", "a"], "shard 3 is already on a"),
+    "no shard": (["--to", "b"], "give --shard K --to NAME"),
+    "no table": (["--shard", "3", "--to", "b", "--no-table"], "give the sharded tables"),
+    "missing table": (["--shard", "3", "--to", "b", "--table", "nope"],
+                      "check 'tables': table nope does not exist"),
+    "unknown move": (["--resume", "999"], "no shard move with id 999"),
+    "target not given": (["--shard", "3", "--to", "b", "--only-a"],
+                         "the move's target 'b' is not among the given targets (a)"),
+    "bad target option": (["--shard", "3", "--to", "b", "--target", "c"], "must be NAME=URL"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MOVES))
+def test_bad_input_exits_2_with_one_line_and_changes_nothing(
+    setup: Setup, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    args, fragment = BAD_MOVES[case]
+    argv = setup.cli_move(*[a for a in args if a not in ("--no-table", "--only-a")],
+                          only=("a",) if "--only-a" in args else ("a", "b"),
+                          tables=() if "--no-table" in args else ("orders", "order_items"))
+    before = setup.control_counts()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err, err
+    assert setup.control_counts() == before
+    setup.pair.assert_nothing_left()
+
+
+def test_a_moving_shard_and_a_layout_without_shard_bits_are_refused(setup: Setup) -> None:
+    move_id = _kill_mover_after(setup, 6, "capture")
+    before = setup.control_counts()
+    with pytest.raises(ShardMoveError, match=f"already moving: move {move_id}"):
+        setup.mover().plan(6, "b")
+    from snowflake_db import Layout
+    from snowflake_db.errors import LayoutMismatchError
+
+    with pytest.raises(ShardMoveError, match=r"no shard bits \(shard_bits=0\)"):
+        ShardMover(setup.control, setup.targets, layout=Layout(sequence_bits=8), tables=TABLES)
+    with pytest.raises(LayoutMismatchError):  # another layout than the map's
+        setup.mover().__class__(setup.control, setup.targets,
+                                layout=Layout(sequence_bits=7, shard_bits=4),
+                                tables=TABLES).plan(6, "b")
+    with pytest.raises(UnknownShardError, match="unknown shard target 'zz'"):
+        setup.mover().move(1, "zz")
+    assert setup.control_counts() == before
+    setup.mover().abort(move_id, force=True)
+    setup.pair.assert_nothing_left()
+
+
+def test_plan_and_dry_run_change_nothing(setup: Setup, capsys: pytest.CaptureFixture[str]
+                                         ) -> None:
+    mover = setup.mover()
+    before = setup.control_counts()
+    plan = mover.plan(3, "b")
+    assert plan.source == "a" and plan.rows == {"orders": 188, "order_items": 188}
+    assert plan.bytes > 0 and plan.placement["b"] == [3]
+    assert mover.move(3, "b", dry_run=True).rows == plan.rows
+    assert main(setup.cli_move("--shard", "3", "--to", "b", "--dry-run")) == 0
+    assert "dry run: shard 3: a -> b, 376 rows" in capsys.readouterr().out
+    proposals = mover.plan_balance()
+    assert len(proposals) == 8 and {p.target for p in proposals} == {"b"}
+    assert main([*setup.cli("plan"), "--table", "orders", "--balance"]) == 0
+    assert "8 move(s) balance the shards" in capsys.readouterr().out
+    assert setup.control_counts() == before
+    setup.pair.assert_nothing_left()
+
+
+def test_shards_init_and_show(setup: Setup, capsys: pytest.CaptureFixture[str]) -> None:
+    url = setup.pair.clusters.source.url(setup.pair.db)  # any PostgreSQL database
+    name = f"{setup.pair.db}_ctlinit"
+    setup.pair.clusters.source.create_database(name)
+    control = setup.pair.clusters.source.url(name)
+    argv = ["shards", "init", "--control", control, "--target", f"a={url}", "--target",
+            f"b={url}", "--target", f"c={url}", "--assign", "a", "--assign", "b",
+            "--sequence-bits", "8", "--shard-bits", "4"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "shard map version 1, 16 logical shards" in out
+    assert "a (postgresql): 8 shard(s): 0, 2, 4" in out and "c (postgresql): 0 shard(s)" in out
+    assert main(argv) == 0  # again: nothing changes
+    assert "version 1," in capsys.readouterr().out
+    assert main(["shards", "show", "--control", control, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["targets"]["b"]["shards"] == list(range(1, 16, 2))
+    engine = create_engine(control)
+    try:
+        assert read_shard_map(engine).targets == {"a": "postgresql", "b": "postgresql",
+                                                  "c": "postgresql"}
+    finally:
+        engine.dispose()
+
+
+def test_move_stopped_by_a_failing_step_exits_1_and_can_be_aborted(
+    setup: Setup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A blocker holds the fence's lock past its budget: the move stops (exit 1, one line
+    naming the move and the step), then the abort undoes it."""
+    shard = 9
+    # A lock like a writer's, without a transaction ID (a write would also hold up the slot's
+    # creation, which waits for running write transactions).
+    with setup.pair.connect("source", autocommit=False) as blocker:
+        blocker.execute("LOCK TABLE orders IN ROW EXCLUSIVE MODE")
+        mover = setup.mover(fence_attempts=2)
+        with pytest.raises(MoveStoppedError) as stopped:
+            mover.move(shard, "b")
+        blocker.rollback()
+    assert stopped.value.step == "fence" and "resume or abort" in str(stopped.value)
+    move_id = stopped.value.move_id
+    record = mover.status(move_id)
+    assert record.move.mover_token is None  # released: no wait for a lease
+    assert ("fence", "failed") in [(r.step, r.status) for r in record.journal]
+    assert main(setup.cli_move("--abort", str(move_id))) == 0
+    assert setup.map_of(shard) == ("a", "serving")
+    setup.pair.assert_nothing_left()
+    capsys.readouterr()
+    # Through the command: the budget (50 attempts of 100 ms) runs out: exit 1, one line.
+    with setup.pair.connect("source", autocommit=False) as blocker:
+        blocker.execute("LOCK TABLE orders IN ROW EXCLUSIVE MODE")
+        status = main(setup.cli_move("--shard", str(shard), "--to", "b"))
+        blocker.rollback()
+    err = capsys.readouterr().err
+    assert status == 1 and err.count("\n") == 1 and "stopped at step fence" in err, err
+    again = mover.moves(limit=1)[0]
+    assert f"move {again.id} of shard {shard}" in err
+    mover.abort(again.id)
+    setup.pair.assert_nothing_left()
+
+
+# -- manage.py snowflake shards ------------------------------------------------------------------
+
+_DJANGO = textwrap.dedent("""
+    import sys
+    import django
+    from django.conf import settings
+
+    control, a, b = sys.argv[1:4]
+
+    def database(url):
+        rest = url.split("://", 1)[1]
+        user, _, rest = rest.partition("@")
+        hostport, _, name = rest.partition("/")
+        host, _, port = hostport.partition(":")
+        return {"ENGINE": "django.db.backends.postgresql", "NAME": name, "USER": user,
+                "HOST": host, "PORT": port}
+
+    settings.configure(
+        INSTALLED_APPS=["snowflake_db.django"],
+        DATABASES={"default": database(control), "shard_a": database(a),
+                   "shard_b": database(b)},
+        SNOWFLAKE_DB={"WORKER_SOURCE": "manual", "LAYOUT": {"sequence_bits": 8,
+                                                            "shard_bits": 4}},
+        SNOWFLAKE_SHARD_ROUTER={"TARGETS": ["shard_a", "shard_b"]},
+    )
+    django.setup()
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["manage.py", "snowflake", "shards", *sys.argv[4:]])
+""")
+
+
+def test_manage_py_shards_init_plan_and_move_on_database_aliases(clusters: Clusters) -> None:
+    """DATABASES aliases as targets, the control alias of SNOWFLAKE_DB: init, a dry run, a
+    move, show; a mistake exits 2 with one line."""
+    with make_pair(clusters, prefix="djmover") as pair:
+        name = f"{pair.db}_ctl"
+        clusters.source.create_database(name)
+        urls = [clusters.source.url(name), clusters.source.url(pair.db),
+                clusters.target.url(pair.db)]
+        engine = create_engine(urls[0])
+        try:
+            create_shard_map_tables(engine)
+            worker_tables(MetaData()).slots.metadata.create_all(engine)
+        finally:
+            engine.dispose()
+
+        def manage(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-c", _DJANGO, *urls, *args], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=120, check=False)
+
+        done = manage("init", "--assign", "shard_a")
+        assert done.returncode == 0, done.stderr
+        assert "shard_a (postgresql): 16 shard(s)" in done.stdout
+        assert "shard_b (postgresql): 0 shard(s)" in done.stdout
+        tables = ("--table", "orders", "--table", "order_items")
+        done = manage("move", "--shard", "8", "--to", "shard_b", "--dry-run", *tables)
+        assert done.returncode == 0 and "dry run: shard 8: shard_a -> shard_b" in done.stdout
+        before = {t: pair.rows("source", t, 8) for t in ("orders", "order_items")}
+        done = manage("move", "--shard", "8", "--to", "shard_b", *tables)
+        assert done.returncode == 0, done.stderr
+        assert "shard 8 is on shard_b, done" in done.stdout
+        assert {t: pair.rows("target", t, 8) for t in ("orders", "order_items")} == before
+        assert pair.rows("source", "orders", 8) == {}
+        pair.assert_nothing_left()
+        done = manage("show")
+        assert done.returncode == 0 and "shard_b (postgresql): 1 shard(s): 8" in done.stdout
+        done = manage("move", "--shard", "8", "--to", "shard_c", *tables)
+        assert done.returncode == 2
+        assert done.stderr.strip().count("\n") == 0
+        assert "unknown shard target 'shard_c'" in done.stderr
