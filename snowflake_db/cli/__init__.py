@@ -28,6 +28,7 @@ __all__ = [
 COMMAND_MODULES = (
     "snowflake_db.cli.ids",
     "snowflake_db.cli.workers",
+    "snowflake_db.cli.shards",
     "snowflake_db.cli.doctor",
     "snowflake_db.cli.bench",
     "snowflake_db.cli.public",

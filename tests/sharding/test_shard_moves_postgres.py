@@ -11,12 +11,9 @@ skip with the reason; under ``CI=true`` they fail.
 
 from __future__ import annotations
 
-import itertools
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -24,7 +21,7 @@ import pytest
 from sqlalchemy import create_engine
 
 from example_project import local_servers
-from snowflake_db import Layout, SnowflakeGenerator
+from snowflake_db import Layout
 from snowflake_db.errors import InvalidArgumentTypeError, ShardMoveError
 from snowflake_db.sharding.moves import (
     FENCE_SQLSTATE,
@@ -38,220 +35,32 @@ from snowflake_db.sharding.moves import (
     wait_until,
 )
 
-from ..plugins.databases import unavailable
+from ..plugins.shard_moves import (
+    LAYOUT,
+    MASK,
+    STEP_TIMEOUT_S,
+    TABLES,
+    Clusters,
+    Pair,
+    Writer,
+    make_pair,
+    start_clusters,
+)
 
 # Two clusters for the module, in one xdist process.
 pytestmark = pytest.mark.xdist_group("shard_moves_postgres")
 
-LAYOUT = Layout(sequence_bits=8, shard_bits=4)
-MASK = LAYOUT.max_shard
-TABLES = [MovedTable("orders"), MovedTable("order_items")]
-SOURCE_CONF = """
-wal_level = logical
-max_replication_slots = 6
-max_wal_senders = 6
-wal_retrieve_retry_interval = '200ms'
-track_commit_timestamp = on
-"""
-TARGET_CONF = """
-max_logical_replication_workers = 6
-wal_retrieve_retry_interval = '200ms'
-"""
-DDL = [
-    """CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint NOT NULL,
-       status text NOT NULL DEFAULT 'new', total_cents bigint NOT NULL,
-       created_at timestamptz NOT NULL DEFAULT now(), note text)""",
-    """CREATE TABLE order_items (id bigint PRIMARY KEY, order_id bigint NOT NULL,
-       sku text NOT NULL, qty integer NOT NULL, price numeric(10, 2) NOT NULL,
-       weight double precision)""",
-    # Items live on their order's shard (same low bits); deletes go children first.
-    "ALTER TABLE order_items ADD FOREIGN KEY (order_id) REFERENCES orders (id)",
-]
-LOAD = [
-    """INSERT INTO orders (id, customer_id, total_cents, created_at, note)
-       SELECT (n << 4) | (n % 16), n % 97, n * 7, now() - n * interval '1 minute', md5(n::text)
-       FROM generate_series(1, 3000) AS n""",
-    """INSERT INTO order_items (id, order_id, sku, qty, price, weight)
-       SELECT ((n + 100000) << 4) | (n % 16), (n << 4) | (n % 16), 'sku' || n, n % 5 + 1,
-              n / 7.0, n / 3.0
-       FROM generate_series(1, 3000) AS n""",
-]
-STEP_TIMEOUT_S = 60.0
-
-
-@dataclass
-class Clusters:
-    source: local_servers.ThrowawayPostgres
-    target: local_servers.ThrowawayPostgres
-
 
 @pytest.fixture(scope="module")
 def clusters() -> Iterator[Clusters]:
-    problem = local_servers.postgres_unavailable()
-    if problem:
-        unavailable(problem)
-    source = local_servers.ThrowawayPostgres(name="movesrc")
-    target: local_servers.ThrowawayPostgres | None = None
-    try:
-        target = local_servers.ThrowawayPostgres(template=source.data, name="movetgt")
-        for cluster, conf in ((source, SOURCE_CONF), (target, TARGET_CONF)):
-            with (cluster.data / "postgresql.conf").open("a") as handle:
-                handle.write(conf)
-            cluster.start()
-        assert not {source.port, target.port} & {5432, 3306}  # never the shared servers
-        yield Clusters(source, target)
-    finally:
-        source.close()
-        if target is not None:
-            target.close()
-
-
-_databases = itertools.count(1)
-
-
-@dataclass
-class Pair:
-    """One database on each cluster, with the same sharded tables; rows only on the source."""
-
-    clusters: Clusters
-    db: str
-    move_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
-
-    def conninfo(self, which: str) -> str:
-        cluster = getattr(self.clusters, which)
-        return f"host={cluster.host} port={cluster.port} user=postgres dbname={self.db}"
-
-    def connect(self, which: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.conninfo(which), autocommit=autocommit, connect_timeout=10)
-
-    def backend(self, *, shard: int = 5, move_id: int | None = None, **kw: Any
-                ) -> PostgresMoveBackend:
-        options: dict[str, Any] = {
-            "source": self.conninfo("source"), "target": self.conninfo("target"),
-            "source_conninfo_for_target": self.conninfo("source"), "layout": LAYOUT,
-            "shard": shard, "move_id": next(self.move_ids) if move_id is None else move_id,
-            "target_name": "pg_b", "tables": TABLES,
-        }
-        options.update(kw)
-        return PostgresMoveBackend(**options)
-
-    def rows(self, which: str, table: str, shard: int) -> dict[int, tuple[Any, ...]]:
-        with self.connect(which) as conn:
-            return {row[0]: row for row in conn.execute(
-                f"SELECT * FROM {table} WHERE (id & {MASK}) = %s", (shard,))}
-
-    def count(self, which: str, query: str) -> int:
-        with self.connect(which) as conn:
-            row = conn.execute(query).fetchone()
-            assert row is not None
-            return int(row[0])
-
-    def assert_nothing_left(self) -> None:
-        """No publication, slot or subscription at all, whatever its name."""
-        assert self.count("source", "SELECT count(*) FROM pg_publication") == 0
-        assert self.count("source", "SELECT count(*) FROM pg_replication_slots") == 0
-        assert self.count("target", "SELECT count(*) FROM pg_subscription") == 0
+    with start_clusters() as started:
+        yield started
 
 
 @pytest.fixture
 def pair(clusters: Clusters) -> Iterator[Pair]:
-    db = f"moves{next(_databases)}"
-    for cluster in (clusters.source, clusters.target):
-        cluster.create_database(db)
-        cluster.execute(*DDL, database=db)
-    clusters.source.execute(*LOAD, database=db)
-    yield Pair(clusters, db)
-    _drop_replication_objects(clusters, db)
-
-
-def _drop_replication_objects(clusters: Clusters, db: str) -> None:
-    """After each test, whatever it left (a failed test must not fail the next ones):
-    subscriptions of ``db`` on the target, slots of ``db`` on the source."""
-    pair = Pair(clusters, db)
-    with pair.connect("target") as conn:
-        for (name,) in conn.execute("SELECT subname::text FROM pg_subscription s JOIN "
-                                    "pg_database d ON d.oid = s.subdbid WHERE d.datname = %s",
-                                    (db,)).fetchall():
-            for statement in ("ALTER SUBSCRIPTION {} DISABLE",
-                              "ALTER SUBSCRIPTION {} SET (slot_name = NONE)",
-                              "DROP SUBSCRIPTION {}"):
-                conn.execute(statement.format(f'"{name}"').encode())
-    with pair.connect("source") as conn:
-        for slot, pid in conn.execute("SELECT slot_name::text, active_pid FROM "
-                                      "pg_replication_slots WHERE database = %s",
-                                      (db,)).fetchall():
-            if pid is not None:
-                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-                wait_until(lambda slot=slot: conn.execute(
-                    "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
-                    (slot,)).fetchone() in (None, (None,)), timeout_s=10, what="slot released")
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-
-
-# -- writers -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Op:
-    start: float
-    end: float
-    shard: int
-    kind: str
-    ok: bool
-
-
-@dataclass
-class Writer:
-    """Autocommit writes (insert, update, delete) on every shard, own rows only, so that what
-    each acknowledged write left behind is known exactly."""
-
-    worker_id: int
-    pair: Pair
-    stop: threading.Event
-    ops: list[Op] = field(default_factory=list)
-    alive: dict[int, str] = field(default_factory=dict)  # acknowledged rows -> status
-    deleted: set[int] = field(default_factory=set)
-    errors: list[str] = field(default_factory=list)
-
-    def run(self) -> None:
-        generator = SnowflakeGenerator(self.worker_id, layout=LAYOUT)
-        rng = random.Random(self.worker_id)
-        try:
-            with self.pair.connect("source") as conn:
-                while not self.stop.is_set() and len(self.ops) < 50_000:
-                    self._one(conn, generator, rng)
-                    time.sleep(0.001)
-        except Exception as error:  # reported by the test, never swallowed
-            self.errors.append(repr(error))
-
-    def _one(self, conn: psycopg.Connection[Any], generator: SnowflakeGenerator,
-             rng: random.Random) -> None:
-        roll = rng.random()
-        params: tuple[Any, ...]
-        if self.alive and roll < 0.2:
-            oid, kind, status = rng.choice(list(self.alive)), "update", f"paid{rng.randrange(999)}"
-            query, params = "UPDATE orders SET status = %s WHERE id = %s", (status, oid)
-        elif self.alive and roll < 0.3:
-            oid, kind, status = rng.choice(list(self.alive)), "delete", ""
-            query, params = "DELETE FROM orders WHERE id = %s", (oid,)
-        else:
-            oid, kind, status = generator.next_id_in_shard(rng.randrange(MASK + 1)), "insert", "new"
-            query = "INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, %s, %s)"
-            params = (oid, rng.randrange(1000), rng.randrange(50_000))
-        start = time.monotonic()
-        try:
-            conn.execute(query, params)  # autocommit: acknowledged when it returns
-            ok = True
-        except psycopg.Error as error:
-            if error.sqlstate != FENCE_SQLSTATE:
-                raise
-            ok = False
-        self.ops.append(Op(start, time.monotonic(), oid & MASK, kind, ok))
-        if ok and kind == "delete":
-            del self.alive[oid]
-            self.deleted.add(oid)
-        elif ok:
-            self.alive[oid] = status
+    with make_pair(clusters) as made:
+        yield made
 
 
 # -- the whole path ----------------------------------------------------------------------------

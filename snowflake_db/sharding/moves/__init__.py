@@ -1,5 +1,7 @@
 """Online moves of a logical shard between PostgreSQL servers: the database steps.
 
+:class:`ShardMover` moves a shard with a journal in the control database, the shard map's
+states and flip, the cleanup barrier, resume and abort (:mod:`.mover`).
 :class:`PostgresMoveBackend` holds the steps of one move (``docs/design/shard-moves.md``):
 ``check``, ``capture``, ``copy``, ``copy_progress``/``lag``, ``fence``, ``drained``,
 ``verify``, ``unfence``, ``cleanup``, ``delete_source_rows``, ``delete_target_rows`` and
@@ -30,11 +32,23 @@ from ._results import (
     Verification,
     VerificationMismatchError,
 )
+from .mover import (
+    FORWARD_STEPS,
+    MovePlan,
+    MoveProgress,
+    MoveRecord,
+    MoverLeaseLostError,
+    MoveStatus,
+    MoveStoppedError,
+    ProposedMove,
+    ShardMover,
+)
 
 __all__ = [
     "FENCE_BYPASS_SETTING",
     "FENCE_FUNCTION",
     "FENCE_SQLSTATE",
+    "FORWARD_STEPS",
     "MOVE_STEPS",
     "Blocker",
     "CleanupReport",
@@ -43,8 +57,16 @@ __all__ = [
     "FenceBlockedError",
     "FenceResult",
     "Leftovers",
+    "MovePlan",
+    "MoveProgress",
+    "MoveRecord",
+    "MoveStatus",
+    "MoveStoppedError",
     "MovedTable",
+    "MoverLeaseLostError",
     "PostgresMoveBackend",
+    "ProposedMove",
+    "ShardMover",
     "TableChecksum",
     "Verification",
     "VerificationMismatchError",

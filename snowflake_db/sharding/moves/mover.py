@@ -1,0 +1,849 @@
+"""Move a logical shard online from one PostgreSQL server to another, crash-safe.
+
+:class:`ShardMover` drives the steps of :class:`~snowflake_db.sharding.moves.PostgresMoveBackend`
+through the state machine of ``docs/design/shard-moves.md``::
+
+    planned -> capturing -> copying -> catching_up -> fenced -> drained -> verified -> flipped
+            -> barrier -> cleaning -> done          (before flipped: -> aborting -> aborted)
+
+Every step is journaled in the control database (``snowflake_shard_move_steps``: a ``started``
+row before the action, ``done`` or ``failed`` after it, database clock) under the mover's own
+lease on the move's row, renewed while it runs. The actions are idempotent and find their objects
+by name, so :meth:`ShardMover.resume` continues a move whose mover died at any point from its
+last journaled step, and :meth:`ShardMover.abort` undoes a move that has not flipped. The shard
+map follows the move: ``moving`` while copying, ``cutover`` once the fence is up, then the flip
+(:func:`~snowflake_db.sharding.shard_map.flip_shard`) in the same transaction as its journal
+line. After the flip only forward steps remain: the barrier (every live lease routes with the
+new map, or lapsed), then the cleanup of the replication objects and of the source's rows; the
+fence stays on the source.
+
+Targets are given as ``{name: URL or Engine}`` and never stored: the control database holds names.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, overload
+
+from sqlalchemy import Engine, MetaData
+from sqlalchemy.engine import URL, make_url
+
+from ...errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    ShardMoveError,
+    UnknownShardError,
+)
+from ...layout import Layout, require_layout
+from ...worker._schema import DEFAULT_SLOTS_TABLE
+from ..shard_map import (
+    ShardMap,
+    ShardMapTables,
+    barrier_waiting,
+    control_engine,
+    flip_shard,
+    read_shard_map,
+    set_shard_state,
+    shard_map_tables,
+)
+from ._connections import Connector, Endpoint
+from ._journal import (
+    ENDED_STATES,
+    Journal,
+    JournalRow,
+    LeaseKeeper,
+    MoveRecord,
+    MoverLeaseLostError,
+    active_move,
+    already_moving,
+    create_move,
+    list_moves,
+    new_token,
+    read_journal,
+    read_move,
+    take_over,
+)
+from ._postgres import FENCE_FUNCTION, PostgresMoveBackend
+from ._results import Leftovers, MovedTable
+
+__all__ = [
+    "FORWARD_STEPS",
+    "MovePlan",
+    "MoveProgress",
+    "MoveRecord",
+    "MoveStatus",
+    "MoveStoppedError",
+    "MoverLeaseLostError",
+    "ProposedMove",
+    "ShardMover",
+]
+
+#: The journaled forward steps and the move state each one runs in, in order.
+FORWARD_STEPS: tuple[tuple[str, str], ...] = (
+    ("check", "planned"),
+    ("capture", "capturing"),
+    ("copy", "copying"),
+    ("catch_up", "catching_up"),
+    ("fence", "fenced"),
+    ("drain", "drained"),
+    ("verify", "verified"),
+    ("drop_old_fence", "verified"),
+    ("flip", "flipped"),
+    ("barrier", "barrier"),
+    ("cleanup", "cleaning"),
+    ("delete_source_rows", "cleaning"),
+    ("finish", "cleaning"),
+)
+_FORWARD_NAMES = tuple(name for name, _ in FORWARD_STEPS)
+_OLD_FENCE = re.compile(r"^sfdb_fence_(\d+)_[wdt]$")
+
+Target = str | URL | Engine
+
+
+class MoveStoppedError(ShardMoveError):
+    """A move stopped at a step (the cause is chained); it can be resumed or, before the flip,
+    aborted. ``move_id`` and ``step`` say where."""
+
+    def __init__(self, message: str, *, move_id: int, step: str) -> None:
+        super().__init__(message)
+        self.move_id = move_id
+        self.step = step
+
+
+@dataclass(frozen=True)
+class MoveProgress:
+    """One progress event of a move: ``str()`` is a line for a terminal or a log."""
+
+    move_id: int | None
+    step: str
+    message: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        prefix = f"move {self.move_id}" if self.move_id is not None else "plan"
+        return f"{prefix} {self.step}: {self.message}"
+
+
+@dataclass(frozen=True)
+class MovePlan:
+    """What a move of ``shard`` from ``source`` to ``target`` would do; every check passed."""
+
+    shard: int
+    source: str
+    target: str
+    rows: dict[str, int]
+    bytes: int
+    map_version: int
+    #: the map's shards per target after the move
+    placement: dict[str, list[int]]
+
+    @property
+    def total_rows(self) -> int:
+        return sum(self.rows.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"shard": self.shard, "source": self.source, "target": self.target,
+                "rows": self.rows, "bytes": self.bytes, "map_version": self.map_version,
+                "placement": self.placement}
+
+    def __str__(self) -> str:
+        tables = ", ".join(f"{name} {count}" for name, count in self.rows.items())
+        return (f"shard {self.shard}: {self.source} -> {self.target}, {self.total_rows} rows "
+                f"({tables}), about {self.bytes} bytes; every check passed")
+
+
+@dataclass(frozen=True)
+class ProposedMove:
+    """One move of a balancing plan."""
+
+    shard: int
+    source: str
+    target: str
+
+    def __str__(self) -> str:
+        return f"shard {self.shard}: {self.source} -> {self.target}"
+
+
+@dataclass(frozen=True)
+class MoveStatus:
+    """A move's row and its journal."""
+
+    move: MoveRecord
+    journal: list[JournalRow]
+
+
+Progress = Callable[[MoveProgress], object]
+
+
+def _libpq(url: URL) -> str:
+    """A libpq URI for a SQLAlchemy URL (what a subscription's CONNECTION takes)."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def _backend_name(url: URL) -> str:
+    name = url.get_backend_name()
+    return "postgresql" if name in ("postgres", "postgresql") else name
+
+
+class _Server:
+    """One target as given: what the move's steps connect with and what a subscription uses."""
+
+    def __init__(self, name: str, value: object) -> None:
+        self.name = name
+        if isinstance(value, Engine):
+            self.backend = _backend_name(value.url)
+            self.conninfo = _libpq(value.url)
+            # The steps take a psycopg engine as it is; another driver's by its URL.
+            self.endpoint: Endpoint = (value if value.url.get_driver_name() == "psycopg"
+                                       else self.conninfo)
+        elif isinstance(value, URL) or (isinstance(value, str) and "://" in value):
+            url = make_url(value)
+            self.backend = _backend_name(url)
+            self.conninfo = _libpq(url)
+            self.endpoint = self.conninfo
+        elif isinstance(value, str):  # a libpq key=value string
+            self.backend = "postgresql"
+            self.conninfo = value
+            self.endpoint = value
+        else:
+            raise InvalidArgumentTypeError(
+                f"target {name!r} must be given as a URL or a SQLAlchemy Engine, not "
+                f"{type(value).__name__}"
+            )
+
+
+class ShardMover:
+    """Moves logical shards between the targets of the shard map in ``control``.
+
+    ``control`` is the control database (Engine or URL); ``targets`` maps each target name of
+    the map the move touches to a URL or SQLAlchemy Engine (never stored); ``layout`` must be
+    the map's; ``tables`` are the sharded tables (names or :class:`MovedTable`), parents first.
+    ``subscription_conninfo`` optionally gives, per source name, the connection string the
+    target's subscription reaches it with (default: the source's URL as given).
+    """
+
+    def __init__(
+        self,
+        control: Engine | URL | str,
+        targets: Mapping[str, Target],
+        *,
+        layout: Layout,
+        tables: Sequence[MovedTable | str],
+        schema: str | None = None,
+        subscription_conninfo: Mapping[str, str] | None = None,
+        slots_table: str = DEFAULT_SLOTS_TABLE,
+        lease_s: float = 30.0,
+        copy_timeout_s: float = 3600.0,
+        catch_up_timeout_s: float = 600.0,
+        drain_timeout_s: float = 120.0,
+        barrier_timeout_s: float = 300.0,
+        max_lag_bytes: int = 1 << 20,
+        batch_size: int = 5000,
+        lock_timeout_ms: int = 100,
+        fence_attempts: int = 50,
+        progress_every_s: float = 2.0,
+    ) -> None:
+        self.layout = require_layout(layout)
+        if not tables:
+            raise InvalidArgumentError("tables is empty: a move needs at least one sharded table")
+        self.tables = tuple(t if isinstance(t, MovedTable) else MovedTable(t) for t in tables)
+        if not isinstance(targets, Mapping):
+            raise InvalidArgumentTypeError(
+                f"targets must map target names to URLs or engines, got {type(targets).__name__}"
+            )
+        self.servers = {str(name): _Server(str(name), value) for name, value in targets.items()}
+        for name, seconds in (("lease_s", lease_s), ("copy_timeout_s", copy_timeout_s),
+                              ("catch_up_timeout_s", catch_up_timeout_s),
+                              ("drain_timeout_s", drain_timeout_s),
+                              ("barrier_timeout_s", barrier_timeout_s),
+                              ("progress_every_s", progress_every_s)):
+            if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds <= 0:
+                raise InvalidArgumentError(f"{name} {seconds!r} must be a number of seconds > 0")
+        self.schema = schema
+        self.subscription_conninfo = dict(subscription_conninfo or {})
+        self.slots_table = slots_table
+        self.lease_ms = int(lease_s * 1000)
+        self.copy_timeout_s = float(copy_timeout_s)
+        self.catch_up_timeout_s = float(catch_up_timeout_s)
+        self.drain_timeout_s = float(drain_timeout_s)
+        self.barrier_timeout_s = float(barrier_timeout_s)
+        self.max_lag_bytes = max_lag_bytes
+        self.batch_size = batch_size
+        self.lock_timeout_ms = lock_timeout_ms
+        self.fence_attempts = fence_attempts
+        self.progress_every_s = float(progress_every_s)
+        self.map_tables = shard_map_tables_for(schema)
+        self.engine, self._owns_engine = control_engine(control)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Dispose of the control engine when the mover created it from a URL."""
+        if self._owns_engine:
+            self.engine.dispose()
+
+    def __enter__(self) -> ShardMover:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def shard_map(self) -> ShardMap:
+        """The map as it is now, checked against this mover's layout."""
+        current = read_shard_map(self.engine, schema=self.schema)
+        current.check_layout(self.layout, where="the control database's shard map")
+        return current
+
+    def status(self, move_id: int) -> MoveStatus:
+        """A move's row and journal."""
+        return MoveStatus(read_move(self.engine, self.map_tables, move_id),
+                          read_journal(self.engine, self.map_tables, move_id))
+
+    def moves(self, *, limit: int = 20) -> list[MoveRecord]:
+        """The latest moves, newest first."""
+        return list_moves(self.engine, self.map_tables, limit=limit)
+
+    def leftovers(self, move_id: int) -> Leftovers:
+        """The move's replication objects and fence triggers still present on its servers."""
+        record = read_move(self.engine, self.map_tables, move_id)
+        return self._backend(record.id, record.shard, record.source, record.target).leftovers()
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def plan(self, shard: int, to: str) -> MovePlan:
+        """Run every check of a move of ``shard`` to ``to`` and measure it; nothing changes."""
+        current, source = self._validate(shard, to)
+        backend = self._backend(0, shard, source, to)
+        backend.check()
+        rows, size = self._measure(source, shard)
+        placement: dict[str, list[int]] = {name: [] for name in sorted(current.targets)}
+        for logical, row in sorted(current.rows.items()):
+            placement[to if logical == shard else row.target].append(logical)
+        return MovePlan(shard, source, to, rows, size, current.version,
+                        {name: shards for name, shards in placement.items()})
+
+    def plan_balance(self, targets: Sequence[str] | None = None) -> list[ProposedMove]:
+        """The fewest moves that spread the map's logical shards evenly over ``targets`` (default:
+        every target given to this mover); shards on other targets move onto them. Nothing is
+        checked or changed: plan or move each proposal."""
+        current = self.shard_map()
+        names = list(targets) if targets is not None else sorted(self.servers)
+        if not names or len(set(names)) != len(names):
+            raise InvalidArgumentError(f"plan_balance needs distinct target names, got {names}")
+        for name in names:
+            if name not in current.targets:
+                raise UnknownShardError(self._unknown_target(name, current))
+        held: dict[str, list[int]] = {name: [] for name in names}
+        homeless: list[int] = []
+        for logical, row in sorted(current.rows.items()):
+            held.get(row.target, homeless).append(logical)
+        count, spread = len(current.rows), len(names)
+        # Targets already holding the most keep the remainder's extra shard: fewest moves.
+        order = sorted(names, key=lambda n: (-len(held[n]), n))
+        quota = {name: count // spread + (1 if i < count % spread else 0)
+                 for i, name in enumerate(order)}
+        giving = list(homeless)
+        for name in order:
+            surplus = len(held[name]) - quota[name]
+            if surplus > 0:
+                giving.extend(held[name][-surplus:])
+        proposals = []
+        for name in sorted(names, key=lambda n: (len(held[n]), n)):
+            while len(held[name]) < quota[name] and giving:
+                logical = giving.pop(0)
+                proposals.append(ProposedMove(logical, current.rows[logical].target, name))
+                held[name].append(logical)
+        return proposals
+
+    # -- moving --------------------------------------------------------------------------------
+
+    @overload
+    def move(self, shard: int, to: str, *, progress: Progress | None = ...,
+             dry_run: Literal[False] = ..., terminate_blockers: bool = ...) -> int: ...
+
+    @overload
+    def move(self, shard: int, to: str, *, progress: Progress | None = ...,
+             dry_run: Literal[True], terminate_blockers: bool = ...) -> MovePlan: ...
+
+    def move(self, shard: int, to: str, *, progress: Progress | None = None,
+             dry_run: bool = False, terminate_blockers: bool = False) -> int | MovePlan:
+        """Move ``shard`` to target ``to`` and return the move's id (with ``dry_run``, only the
+        plan: every check ran, nothing changed). A failure after the move started is a
+        :class:`MoveStoppedError` naming the move and the step: resume or abort it."""
+        plan = self.plan(shard, to)
+        if dry_run:
+            return plan
+        token = new_token()
+        move_id = create_move(
+            self.engine, self.map_tables, shard=shard, source=plan.source, target=to,
+            backend="postgresql", token=token, lease_ms=self.lease_ms, plan=plan.as_dict(),
+        )
+        _emit(progress, MoveProgress(move_id, "plan", str(plan), plan.as_dict()))
+        journal = Journal(self.engine, self.map_tables, move_id, token, self.lease_ms)
+        self._run(journal, 0, progress, terminate_blockers)
+        return move_id
+
+    def resume(self, move_id: int, *, progress: Progress | None = None, force: bool = False,
+               terminate_blockers: bool = False) -> MoveRecord:
+        """Continue a move from its last journaled step (an abort that was under way goes on
+        aborting). Refused while another mover holds the move's lease, unless ``force``."""
+        record = read_move(self.engine, self.map_tables, move_id)
+        if record.state in ENDED_STATES:
+            return record
+        self._servers_of(record)
+        token = new_token()
+        record = take_over(self.engine, self.map_tables, move_id, token, self.lease_ms,
+                           force=force)
+        journal = Journal(self.engine, self.map_tables, move_id, token, self.lease_ms)
+        if record.state in ENDED_STATES:  # another mover finished it meanwhile
+            return record
+        if record.state == "aborting":
+            self._abort(journal, record, progress)
+        else:
+            rows = read_journal(self.engine, self.map_tables, move_id)
+            done = [_FORWARD_NAMES.index(r.step) for r in rows
+                    if r.status == "done" and r.step in _FORWARD_NAMES]
+            start = max(done) + 1 if done else 0
+            _emit(progress, MoveProgress(move_id, "resume",
+                                         f"state {record.state}, from step "
+                                         f"{_FORWARD_NAMES[min(start, len(_FORWARD_NAMES) - 1)]}"))
+            self._run(journal, start, progress, terminate_blockers)
+        return read_move(self.engine, self.map_tables, move_id)
+
+    def abort(self, move_id: int, *, progress: Progress | None = None,
+              force: bool = False) -> MoveRecord:
+        """Undo a move that has not flipped: drop its fence, subscription, slots and
+        publication, delete the rows it copied to the target, serve the shard from the source
+        again. After the flip the target is authoritative: only :meth:`resume` goes on."""
+        record = read_move(self.engine, self.map_tables, move_id)
+        if record.state == "aborted":
+            return record
+        if record.flipped:
+            raise ShardMoveError(
+                f"move {move_id} of shard {record.shard} has flipped (state {record.state}): "
+                f"{record.target} is authoritative, so it cannot be aborted; resume it "
+                f"(--resume {move_id}), then move the shard back if needed"
+            )
+        self._servers_of(record)
+        token = new_token()
+        record = take_over(self.engine, self.map_tables, move_id, token, self.lease_ms,
+                           force=force)
+        journal = Journal(self.engine, self.map_tables, move_id, token, self.lease_ms)
+        self._abort(journal, record, progress)
+        return read_move(self.engine, self.map_tables, move_id)
+
+    # -- validation ------------------------------------------------------------------------------
+
+    def _validate(self, shard: int, to: str) -> tuple[ShardMap, str]:
+        current = self.shard_map()
+        count = len(current.rows)
+        if isinstance(shard, bool) or not isinstance(shard, int):
+            raise InvalidArgumentTypeError(
+                f"a logical shard must be an int, got {type(shard).__name__} {shard!r}")
+        if shard not in current.rows:
+            raise UnknownShardError(
+                f"unknown logical shard {shard}; the map has 0..{count - 1}")
+        if to not in current.targets:
+            raise UnknownShardError(self._unknown_target(to, current))
+        row = current.rows[shard]
+        source = row.target
+        if to == source:
+            raise ShardMoveError(f"shard {shard} is already on {to}: nothing to move")
+        holder = active_move(self.engine, self.map_tables, shard)
+        if holder is not None or row.state != "serving":
+            raise ShardMoveError(already_moving(shard, holder))
+        for name in (source, to):
+            if current.targets[name] != "postgresql":
+                raise ShardMoveError(
+                    f"target {name!r} runs {current.targets[name]}; online moves run between "
+                    "PostgreSQL servers only")
+        self._server(source, "source")
+        self._server(to, "target")
+        return current, source
+
+    def _unknown_target(self, name: str, current: ShardMap) -> str:
+        return (f"unknown shard target {name!r}; the map knows {', '.join(sorted(current.targets))}"
+                " (register a new server first: shards init --target NAME=URL, or add_target)")
+
+    def _server(self, name: str, role: str) -> _Server:
+        server = self.servers.get(name)
+        if server is None:
+            given = ", ".join(sorted(self.servers)) or "none"
+            raise ShardMoveError(
+                f"the move's {role} {name!r} is not among the given targets ({given}): give its "
+                f"URL or engine (--target {name}=URL)")
+        if server.backend != "postgresql":
+            raise ShardMoveError(
+                f"the {role} {name!r} is a {server.backend} URL; online moves run between "
+                "PostgreSQL servers only")
+        return server
+
+    def _servers_of(self, record: MoveRecord) -> None:
+        self._server(record.source, "source")
+        self._server(record.target, "target")
+
+    # -- backend ---------------------------------------------------------------------------------
+
+    def _backend(self, move_id: int, shard: int, source: str, target: str,
+                 ) -> PostgresMoveBackend:
+        s, t = self._server(source, "source"), self._server(target, "target")
+        return PostgresMoveBackend(
+            source=s.endpoint, target=t.endpoint,
+            source_conninfo_for_target=self.subscription_conninfo.get(source, s.conninfo),
+            layout=self.layout, shard=shard, move_id=move_id, target_name=target,
+            tables=self.tables, lock_timeout_ms=self.lock_timeout_ms,
+            fence_attempts=self.fence_attempts,
+        )
+
+    def _measure(self, source: str, shard: int) -> tuple[dict[str, int], int]:
+        """Rows and bytes (``pg_column_size`` of each row) of the shard on the source."""
+        from psycopg import sql
+
+        rows: dict[str, int] = {}
+        size = 0
+        with Connector(self._server(source, "source").endpoint, "source").session() as s:
+            for table in self.tables:
+                query = sql.SQL(
+                    "SELECT count(*), coalesce(sum(pg_column_size(r.*)), 0)::bigint FROM {} AS r "
+                    "WHERE ((r.{} & {}) = {})"
+                ).format(sql.Identifier(*table.name.split(".")), sql.Identifier(table.id_column),
+                         sql.Literal(self.layout.max_shard), sql.Literal(shard))
+                found = s.execute(query).fetchone()
+                assert found is not None
+                rows[table.name] = int(found[0])
+                size += int(found[1])
+        return rows, size
+
+    # -- the forward path ------------------------------------------------------------------------
+
+    def _run(self, journal: Journal, start: int, progress: Progress | None,
+             terminate_blockers: bool) -> None:
+        record = journal.record()
+        backend = self._backend(record.id, record.shard, record.source, record.target)
+        run = _Run(self, journal, backend, record, progress=progress,
+                   terminate_blockers=terminate_blockers)
+        step = "?"
+        try:
+            with LeaseKeeper(journal):
+                for step, state in FORWARD_STEPS[start:]:
+                    run.step(step, state)
+        except MoverLeaseLostError:
+            raise
+        except Exception as error:
+            journal.release()
+            after = "resume it" if record.flipped or step in _AFTER_FLIP else "resume or abort it"
+            raise MoveStoppedError(
+                f"move {record.id} of shard {record.shard} ({record.source} -> {record.target}) "
+                f"stopped at step {step}: {error}; {after} (move --resume {record.id}"
+                + ("" if after == "resume it" else f" / --abort {record.id}") + ")",
+                move_id=record.id, step=step,
+            ) from error
+
+    # -- abort -------------------------------------------------------------------------------------
+
+    def _abort(self, journal: Journal, record: MoveRecord, progress: Progress | None) -> None:
+        with journal.owned() as connection:
+            current = read_move(connection, self.map_tables, record.id)
+            if current.flipped:
+                raise ShardMoveError(
+                    f"move {record.id} flipped meanwhile; it cannot be aborted: resume it")
+            journal.set_state("aborting", connection=connection)
+        copied = any(r.step == "copy" for r in read_journal(self.engine, self.map_tables,
+                                                            record.id))
+        backend = self._backend(record.id, record.shard, record.source, record.target)
+        run = _Run(self, journal, backend, record, progress=progress, terminate_blockers=False)
+        with LeaseKeeper(journal):
+            run.abort_steps(copied)
+
+
+_AFTER_FLIP = frozenset({"flip", "barrier", "cleanup", "delete_source_rows", "finish"})
+
+
+def shard_map_tables_for(schema: str | None) -> ShardMapTables:
+    return shard_map_tables(MetaData(), schema=schema)
+
+
+def _emit(progress: Progress | None, event: MoveProgress) -> None:
+    if progress is not None:
+        progress(event)
+
+
+class _Run:
+    """The steps of one run of a move (forward or abort), journaling each."""
+
+    def __init__(self, mover: ShardMover, journal: Journal, backend: PostgresMoveBackend,
+                 record: MoveRecord, *, progress: Progress | None,
+                 terminate_blockers: bool) -> None:
+        self.mover = mover
+        self.journal = journal
+        self.backend = backend
+        self.record = record
+        self.progress = progress
+        self.terminate_blockers = terminate_blockers
+
+    def emit(self, step: str, message: str, **numbers: Any) -> None:
+        _emit(self.progress, MoveProgress(self.record.id, step, message, numbers))
+
+    def step(self, name: str, state: str | None) -> None:
+        self.journal.started(name, state)
+        try:
+            getattr(self, f"do_{name}")()
+        except Exception as error:
+            if not isinstance(error, MoverLeaseLostError):
+                self.journal.failed(name, error)
+            raise
+
+    def wait(self, predicate: Callable[[], bool], *, timeout_s: float, what: str,
+             describe: Callable[[], str], step: str) -> None:
+        """Poll until ``predicate``; progress every ``progress_every_s``; bounded; stops when
+        the lease is lost."""
+        start = time.monotonic()
+        next_report = start + self.mover.progress_every_s
+        pause = 0.05
+        while not predicate():
+            if self.journal.lost.is_set():
+                raise MoverLeaseLostError(f"move {self.record.id}: lease lost while waiting "
+                                          f"for {what}")
+            now = time.monotonic()
+            if now - start > timeout_s:
+                raise ShardMoveError(f"{what} not reached in {timeout_s:g} s ({describe()})")
+            if now >= next_report:
+                self.emit(step, describe(), elapsed_s=round(now - start, 1))
+                next_report = now + self.mover.progress_every_s
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.5)
+
+    # -- forward steps ---------------------------------------------------------------------------
+
+    def do_check(self) -> None:
+        self.backend.check()
+        self.journal.done("check")
+
+    def do_capture(self) -> None:
+        self.backend.capture()
+        self.journal.done("capture", capture=self._capture(publication=self.backend.name,
+                                                          slot=self.backend.name))
+
+    def _capture(self, **values: Any) -> dict[str, Any]:
+        capture = dict(self.journal.record().capture)
+        capture.update(values)
+        return capture
+
+    def do_copy(self) -> None:
+        with self.journal.owned() as connection:
+            if self._map_state(connection) == "serving":
+                set_shard_state(connection, self.record.shard, "moving",
+                                schema=self.mover.schema)
+        suboid = self.backend.copy()
+        self.journal.done("copy", {"subscription_oid": suboid},
+                          capture=self._capture(subscription=self.backend.name,
+                                                subscription_oid=suboid))
+
+    def _map_state(self, connection: Any) -> str:
+        current = read_shard_map(connection, schema=self.mover.schema)
+        row = current.rows[self.record.shard]
+        if row.target != self.record.source:
+            raise ShardMoveError(
+                f"the map puts shard {self.record.shard} on {row.target}, not on the move's "
+                f"source {self.record.source}: the map was changed outside this move")
+        return row.state
+
+    def do_catch_up(self) -> None:
+        planned = self._planned_rows()
+
+        def copy_state() -> str:
+            progress = self.backend.copy_progress()
+            copied = self._rows_copied()
+            states = ", ".join(f"{t} {s}" for t, s in sorted(progress.states.items()))
+            share = f" of {planned}" if planned else ""
+            return f"copying: {copied} rows{share} copied so far; tables: {states or 'starting'}"
+
+        self.wait(lambda: self.backend.copy_progress().synced, timeout_s=self.mover.copy_timeout_s,
+                  what="the initial copy", describe=copy_state, step="catch_up")
+        self.emit("catch_up", "initial copy done; catching up")
+        limit = self.mover.max_lag_bytes
+        self.wait(lambda: (self.backend.lag() or 0) <= limit,
+                  timeout_s=self.mover.catch_up_timeout_s, what=f"lag below {limit} bytes",
+                  describe=lambda: f"lag {self.backend.lag()} bytes", step="catch_up")
+        self.journal.done("catch_up", {"lag_bytes": self.backend.lag()})
+
+    def _planned_rows(self) -> int | None:
+        for row in read_journal(self.mover.engine, self.mover.map_tables, self.record.id):
+            if row.step == "plan" and row.detail:
+                try:
+                    return int(sum(json.loads(row.detail).get("rows", {}).values()))
+                except (ValueError, AttributeError, TypeError):
+                    return None
+        return None
+
+    def _rows_copied(self) -> int:
+        """Rows the table-copy workers have written on the target so far."""
+        server = self.mover._server(self.record.target, "target")
+        with Connector(server.endpoint, "target").session() as t:
+            found = t.execute(
+                "SELECT coalesce(sum(tuples_processed), 0)::bigint FROM pg_stat_progress_copy "
+                "WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            ).fetchone()
+        return int(found[0]) if found else 0
+
+    def do_fence(self) -> None:
+        fenced = self.backend.fence(terminate_blockers=self.terminate_blockers)
+        if fenced.terminated:
+            self.emit("fence", f"terminated blocking sessions {list(fenced.terminated)}")
+        with self.journal.owned() as connection:
+            if self._map_state(connection) != "cutover":
+                set_shard_state(connection, self.record.shard, "cutover",
+                                schema=self.mover.schema)
+            self.journal.done("fence", {"lsn": fenced.lsn, "attempts": fenced.attempts,
+                                        "terminated": list(fenced.terminated)},
+                              capture=self._capture(fence_lsn=fenced.lsn),
+                              connection=connection)
+        self.emit("fence", f"fence up at {fenced.lsn} after {fenced.attempts} attempt(s)")
+
+    def do_drain(self) -> None:
+        lsn = self.journal.record().capture.get("fence_lsn")
+        if not lsn:  # journaled by the fence step; a rerun of the fence gives a later one
+            lsn = self.backend.fence(terminate_blockers=self.terminate_blockers).lsn
+        self.wait(lambda: self.backend.drained(str(lsn)), timeout_s=self.mover.drain_timeout_s,
+                  what=f"the drain to the fence LSN {lsn}",
+                  describe=lambda: f"lag {self.backend.lag()} bytes", step="drain")
+        self.journal.done("drain", {"fence_lsn": lsn})
+
+    def do_verify(self) -> None:
+        result = self.backend.verify()
+        rows = {name: checksum.rows for name, checksum in result.target.items()}
+        self.journal.done("verify", {"rows": rows})
+        self.emit("verify", f"source and target agree: {rows}")
+
+    def do_drop_old_fence(self) -> None:
+        dropped = drop_old_fences(self.mover, self.record)
+        self.journal.done("drop_old_fence", {"dropped": dropped})
+        if dropped:
+            self.emit("drop_old_fence", f"dropped an earlier move's fence on "
+                                        f"{self.record.target}: {dropped}")
+
+    def do_flip(self) -> None:
+        with self.journal.owned() as connection:
+            current = read_move(connection, self.mover.map_tables, self.record.id)
+            version = current.flipped_version
+            if version is None:
+                version = flip_shard(connection, self.record.shard, self.record.target,
+                                     move_id=self.record.id, schema=self.mover.schema)
+            self.journal.done("flip", {"version": version}, connection=connection)
+        self.emit("flip", f"shard {self.record.shard} now served by {self.record.target} "
+                          f"(map version {version})", version=version)
+
+    def do_barrier(self) -> None:
+        version = self.journal.record().flipped_version
+        assert version is not None
+        waiting: list[int] = []
+
+        def passed() -> bool:
+            waiting[:] = barrier_waiting(self.mover.engine, version,
+                                         slots_table=self.mover.slots_table,
+                                         schema=self.mover.schema)
+            return not waiting
+
+        self.wait(passed, timeout_s=self.mover.barrier_timeout_s,
+                  what=f"the barrier (every live lease routing with map version {version})",
+                  describe=lambda: f"waiting for worker IDs {waiting[:20]} to report map "
+                                   f"version {version}", step="barrier")
+        self.journal.done("barrier", {"version": version})
+
+    def do_cleanup(self) -> None:
+        report = self.backend.cleanup()
+        if report.source_pending:
+            raise ShardMoveError(f"cleanup: the source did not answer ({report.source_error}); "
+                                 "resume once it does")
+        self.journal.done("cleanup", {"done": report.done})
+
+    def do_delete_source_rows(self) -> None:
+        deleted = self.backend.delete_source_rows(batch_size=self.mover.batch_size)
+        self.journal.done("delete_source_rows", {"deleted": deleted})
+        self.emit("delete_source_rows", f"deleted {deleted} rows of shard {self.record.shard} "
+                                        f"on {self.record.source}", deleted=deleted)
+
+    def do_finish(self) -> None:
+        left = self.backend.leftovers()
+        if not left.replication_empty:
+            raise ShardMoveError(f"finish: replication objects left: {left}")
+        with self.journal.owned() as connection:
+            self.journal.done("finish", {"fence_kept": list(left.fence_triggers)},
+                              connection=connection)
+            self.journal.set_state("done", end=True, connection=connection)
+        self.emit("finish", f"done: shard {self.record.shard} on {self.record.target}")
+
+    # -- abort steps -----------------------------------------------------------------------------
+
+    def abort_steps(self, copied: bool) -> None:
+        for name in ("unfence", "abort_cleanup", *(("delete_target_rows",) if copied else ()),
+                     "serve_from_source", "aborted"):
+            self.step(name, None)
+
+    def do_unfence(self) -> None:
+        dropped = self.backend.unfence()
+        self.journal.done("unfence", {"dropped": dropped})
+
+    def do_abort_cleanup(self) -> None:
+        self.do_cleanup_named("abort_cleanup")
+
+    def do_cleanup_named(self, name: str) -> None:
+        report = self.backend.cleanup()
+        if report.source_pending:
+            raise ShardMoveError(f"{name}: the source did not answer ({report.source_error}); "
+                                 "run the abort again once it does")
+        self.journal.done(name, {"done": report.done})
+
+    def do_delete_target_rows(self) -> None:
+        deleted = self.backend.delete_target_rows(batch_size=self.mover.batch_size)
+        self.journal.done("delete_target_rows", {"deleted": deleted})
+        self.emit("abort", f"deleted {deleted} copied rows on {self.record.target}")
+
+    def do_serve_from_source(self) -> None:
+        with self.journal.owned() as connection:
+            if self._map_state(connection) != "serving":
+                set_shard_state(connection, self.record.shard, "serving",
+                                schema=self.mover.schema)
+            self.journal.done("serve_from_source", connection=connection)
+
+    def do_aborted(self) -> None:
+        left = self.backend.leftovers()
+        if not left.empty:
+            raise ShardMoveError(f"abort: objects of the move left: {left}")
+        with self.journal.owned() as connection:
+            self.journal.done("aborted", connection=connection)
+            self.journal.set_state("aborted", end=True, connection=connection)
+        self.emit("abort", f"aborted: shard {self.record.shard} served by {self.record.source}")
+
+
+def drop_old_fences(mover: ShardMover, record: MoveRecord) -> list[str]:
+    """Drop the fences an earlier move of this shard away from ``record.target`` left there:
+    the flip is about to make it the shard's write target. Found by the fence function and its
+    first argument (the shard), dropped like an abort drops a fence (bounded lock wait)."""
+    server = mover._server(record.target, "target")
+    with Connector(server.endpoint, "target").session() as t:
+        oids = []
+        for table in mover.tables:
+            quoted = ".".join(f'"{part}"' for part in table.name.split("."))
+            found = t.execute("SELECT to_regclass(%s)::oid", (quoted,)).fetchone()
+            if found and found[0] is not None:
+                oids.append(int(found[0]))
+        rows = t.execute(
+            r"""SELECT tgname::text FROM pg_trigger
+                WHERE tgrelid = ANY (%s) AND tgfoid = to_regprocedure(%s)
+                AND split_part(encode(tgargs, 'escape'), '\000', 1) = %s""",
+            (oids, f"{FENCE_FUNCTION}()", str(record.shard))).fetchall()
+    old_moves = sorted({int(m.group(1)) for (name,) in rows
+                        if (m := _OLD_FENCE.match(name)) and int(m.group(1)) != record.id})
+    dropped: list[str] = []
+    for old in old_moves:
+        # The earlier move's source was this target: the same names, the roles swapped.
+        backend = mover._backend(old, record.shard, record.target, record.source)
+        dropped.extend(backend.unfence())
+    return dropped
