@@ -184,8 +184,8 @@ class Write:
 
 
 def order_process(shop: GrowingShop, customers: list[int], seed: int, stop: Any,
-                  results: Any, *, think_s: float = 0.005, update_share: float = 0.3,
-                  max_seconds: float = 600.0) -> None:
+                  results: Any, *, acknowledged: Any = None, think_s: float = 0.005,
+                  update_share: float = 0.3, max_seconds: float = 600.0) -> None:
     """Place orders (one or two items) for random customers and update some of its own, until
     ``stop`` is set (or ``max_seconds``); every write through ``run_transaction``, so a write
     the fence refused is retried on the shard's new server. Puts its list of :class:`Write`
@@ -235,6 +235,9 @@ def order_process(shop: GrowingShop, customers: list[int], seed: int, stop: Any,
                 latency = time.perf_counter() - clock
                 writes.append(Write(op, order_id, order_id & SHOP_LAYOUT.max_shard, started,
                                     latency, total, items))
+                if acknowledged is not None:
+                    with acknowledged.get_lock():
+                        acknowledged.value += 1
                 if think_s:
                     time.sleep(think_s)
     finally:
@@ -251,13 +254,26 @@ class OrderProcesses:
         context = multiprocessing.get_context("spawn")
         self._stop = context.Event()
         self._results = context.Queue()
+        #: Writes acknowledged so far, by all processes.
+        self.acknowledged = context.Value("q", 0)
         self.processes = [
             context.Process(target=order_process, args=(shop, customers, seed, self._stop,
-                                                        self._results), kwargs=options)
+                                                        self._results),
+                            kwargs={"acknowledged": self.acknowledged, **options})
             for seed in range(count)
         ]
         for process in self.processes:
             process.start()
+
+    def wait_for_writes(self, count: int, timeout_s: float = 120.0) -> None:
+        """Wait (bounded) until ``count`` writes were acknowledged: the processes run."""
+        deadline = time.monotonic() + timeout_s
+        while self.acknowledged.value < count:
+            if time.monotonic() > deadline or any(
+                    p.exitcode is not None for p in self.processes):
+                raise RuntimeError(f"the order processes acknowledged {self.acknowledged.value}"
+                                   f" writes in {timeout_s} s, not {count}")
+            time.sleep(0.05)
 
     def stop(self, timeout_s: float = 120.0) -> tuple[list[Write], list[str]]:
         self._stop.set()
@@ -355,31 +371,52 @@ def rows_by_server(shop: GrowingShop, table: str, columns: str = "id"
     return found
 
 
-def check_grown_shop(shop: GrowingShop, writes: Sequence[Write], moved: Mapping[int, str],
-                     seeded_orders: int = 0) -> Checks:
-    """The self-checks of the grow mode (see the module docstring)."""
+@dataclass
+class Audit:
+    """Acknowledged orders against the servers' rows (read directly, not routed)."""
+
+    final: dict[int, str]
+    placed: dict[int, Write]
+    lost: list[int]  # acknowledged, found nowhere
+    doubled: list[int]  # on two servers
+    misplaced: list[int]  # not (only) on the server the final map names
+    stale: list[int]  # total differs from the last acknowledged one
+
+
+def audit_orders(shop: GrowingShop, writes: Sequence[Write]) -> Audit:
     from snowflake_db.sharding.shard_map import read_shard_map
 
-    from .sqlalchemy_shop import Order
-
-    checks = Checks()
     control = create_engine(shop.control_url)
     final = read_shard_map(control).mapping
     control.dispose()
     mask = SHOP_LAYOUT.max_shard
     placed = {w.order_id: w for w in writes if w.op == "place"}
     last_total = {w.order_id: w.total_cents for w in sorted(writes, key=lambda w: w.started)}
-    orders = rows_by_server(shop, "shop_order", "id, total_cents")
     where: dict[int, list[str]] = {}
     totals: dict[int, int] = {}
-    for name, rows in orders.items():
+    for name, rows in rows_by_server(shop, "shop_order", "id, total_cents").items():
         for order_id, total in rows:
             where.setdefault(order_id, []).append(name)
             totals[order_id] = total
-    lost = [i for i in placed if i not in where]
-    doubled = [i for i, names in where.items() if len(names) > 1]
-    misplaced = [i for i, names in where.items() if names != [final[i & mask]]]
-    stale = [i for i, total in last_total.items() if i in totals and totals[i] != total]
+    return Audit(
+        final, placed,
+        lost=[i for i in placed if i not in where],
+        doubled=[i for i, names in where.items() if len(names) > 1],
+        misplaced=[i for i, names in where.items() if names != [final[i & mask]]],
+        stale=[i for i, total in last_total.items() if i in totals and totals[i] != total],
+    )
+
+
+def check_grown_shop(shop: GrowingShop, writes: Sequence[Write], moved: Mapping[int, str],
+                     seeded_orders: int = 0) -> Checks:
+    """The self-checks of the grow mode (see the module docstring)."""
+    from .sqlalchemy_shop import Order
+
+    checks = Checks()
+    audit = audit_orders(shop, writes)
+    final, placed = audit.final, audit.placed
+    lost, doubled, misplaced, stale = audit.lost, audit.doubled, audit.misplaced, audit.stale
+    mask = SHOP_LAYOUT.max_shard
     checks.check(not lost, f"every acknowledged order found: {len(placed)} placed, "
                            f"{len(lost)} missing")
     checks.check(not doubled, f"no order on two servers ({len(doubled)} doubled)")
@@ -462,6 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"the shop serves 16 logical shards from {' and '.join(serving)}; "
               f"{plural(len(customers), 'customer')}")
         processes = OrderProcesses(shop, customers, args.processes)
+        processes.wait_for_writes(5 * args.processes)
         time.sleep(args.settle)
         from snowflake_db.sharding.shard_map import read_shard_map
 
