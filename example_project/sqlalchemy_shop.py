@@ -80,6 +80,14 @@ RULES = {
     Order: ShardRule(id_fields=("id",), key_fields=("customer_id",)),
     OrderItem: ShardRule(id_fields=("id", "order_id")),
 }
+#: The same tables with every row's shard in its own ID's low bits (a customer's ID embeds a
+#: shard, orders and items embed their customer's): what a shard move moves, by ``(id & 15)``
+#: on each table (``python -m example_project --grow``).
+MOVABLE_RULES = {
+    Customer: ShardRule(id_fields=("id",)),
+    Order: ShardRule(id_fields=("id", "customer_id")),
+    OrderItem: ShardRule(id_fields=("id", "order_id")),
+}
 BATCH = 50
 
 

@@ -42,11 +42,13 @@ from typing import Any, ClassVar, TypeVar
 from django.conf import settings
 from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
 from django.db import models, transaction
+from django.db.models import F, Q
+from django.db.models.lookups import In
 from django.utils.module_loading import import_string
 
 from ..errors import ShardingError
 from ..sharding.moved import DEFAULT_ATTEMPTS, DEFAULT_TIMEOUT_SECONDS, retry_shard_moved
-from ..sharding.routing import ShardRouter
+from ..sharding.routing import FanOut, ShardRouter
 from ..sharding.rules import ShardRule
 from .conf import get_settings, when_changed
 
@@ -355,9 +357,14 @@ class ShardedQuerySet(models.QuerySet):
             raise ShardingError(f"{self.model.__name__} has no snowflake_shard_rule")
         return rule
 
-    def _aliases_for(self, kwargs: dict[str, Any]) -> set[str] | None:
-        """Aliases pinned by ``field=value`` / ``field__in=[...]`` lookups, else ``None``."""
+    def _aliases_for(
+        self, kwargs: dict[str, Any], mapping: dict[int, str] | None = None
+    ) -> set[str] | None:
+        """Aliases pinned by ``field=value`` / ``field__in=[...]`` lookups, else ``None``
+        (by ``mapping``, a :meth:`~snowflake_db.sharding.ShardRouter.fan_out`'s view of the
+        map, when given)."""
         rule, router = self._rule(), get_shard_router()
+        target_of = mapping.__getitem__ if mapping is not None else router.target_of_shard
         names = {_attname(self.model, f): f for f in rule.fields}
         pinned: set[str] | None = None
         for lookup, value in kwargs.items():
@@ -375,7 +382,7 @@ class ShardedQuerySet(models.QuerySet):
             values = [field_object.to_python(getattr(v, "pk", v)) for v in values]
             if any(v is None for v in values):
                 continue
-            aliases = {router.target_of_shard(rule.shard_of_field(router, names[attname], v))
+            aliases = {target_of(rule.shard_of_field(router, names[attname], v))
                        for v in values}
             pinned = aliases if pinned is None else pinned & aliases
         return pinned
@@ -384,15 +391,40 @@ class ShardedQuerySet(models.QuerySet):
     def aliases(self) -> tuple[str, ...]:
         return get_shard_router().targets
 
+    def _fan_out(self, aliases: Iterable[str] | None = None, plan: FanOut | None = None
+                 ) -> list[Any]:
+        """One queryset per alias (default: every alias serving shards), each kept to the
+        logical shards the shard map gives its alias (:meth:`ShardRouter.fan_out`): a moved
+        shard's rows stay on its source until the move's cleanup and must not be read there."""
+        plan = plan if plan is not None else get_shard_router().fan_out()
+        column = self._shard_column()
+        querysets = []
+        for alias in plan.targets if aliases is None else aliases:
+            queryset = self.using(alias)
+            shards = plan.keep.get(alias)
+            if shards is not None and column is not None:
+                # add_q, not filter(): a sliced queryset keeps its slice over the kept rows
+                queryset.query.add_q(Q(In(F(column).bitand(plan.mask), list(shards))))
+            querysets.append(queryset)
+        return querysets
+
+    def _shard_column(self) -> str | None:
+        """The column whose low bits are the row's logical shard (the rule's first ID field);
+        ``None`` for a model placed by a key's hash (no move moves it)."""
+        rule = self._rule()
+        return _attname(self.model, rule.id_fields[0]) if rule.id_fields else None
+
     def get(self, *args: Any, **kwargs: Any) -> Any:
         if self._db is not None:
             return super().get(*args, **kwargs)
-        aliases = self._aliases_for(kwargs)
+        plan = get_shard_router().fan_out()
+        aliases = self._aliases_for(kwargs, plan.mapping)
         if aliases is not None and len(aliases) == 1:
             return self.using(aliases.pop()).get(*args, **kwargs)
         found = []
-        for alias in sorted(aliases) if aliases is not None else self.aliases:
-            found.extend(self.using(alias).filter(*args, **kwargs)[:2])
+        chosen = sorted(aliases) if aliases is not None else None
+        for queryset in self._fan_out(chosen, plan):
+            found.extend(queryset.filter(*args, **kwargs)[:2])
         if not found:
             raise self.model.DoesNotExist(
                 f"{self.model._meta.object_name} matching query does not exist on any shard."
@@ -417,11 +449,13 @@ class ShardedQuerySet(models.QuerySet):
         return self.filter(pk__gte=low, pk__lte=high)
 
     def across_shards(self) -> Iterator[Any]:
-        """Iterate the query's rows on every shard alias, one after the other."""
-        return itertools.chain.from_iterable(self.using(alias) for alias in self.aliases)
+        """Iterate the query's rows on every shard alias, one after the other (each alias's
+        rows kept to its logical shards in the shard map, see :meth:`_fan_out`)."""
+        return itertools.chain.from_iterable(self._fan_out())
 
     def count_by_shard(self) -> dict[str, int]:
-        return {alias: self.using(alias).count() for alias in self.aliases}
+        """The query's row count on each alias serving shards (kept to its logical shards)."""
+        return {queryset.db: queryset.count() for queryset in self._fan_out()}
 
     def create(self, **kwargs: Any) -> Any:
         instance = self.model(**kwargs)
@@ -443,12 +477,28 @@ class ShardedQuerySet(models.QuerySet):
         return objs
 
     def in_bulk(self, id_list: Iterable[Any] | None = None, **kwargs: Any) -> dict[Any, Any]:
-        if self._db is not None or id_list is None or kwargs.get("field_name", "pk") != "pk":
+        """By primary key: each ID read on its shard's alias only. Without IDs or by another
+        field: every alias serving shards, each kept to its logical shards."""
+        if self._db is not None:
             return super().in_bulk(id_list, **kwargs)
         result: dict[Any, Any] = {}
-        groups = get_shard_router().targets_for_ids(int(i) for i in id_list)
-        for alias, ids in groups.items():
-            result.update(self.using(alias).in_bulk(ids, **kwargs))
+        plan = get_shard_router().fan_out()
+        rule, pk = self._rule(), self.model._meta.pk
+        routing_field = next((f for f in rule.fields if _attname(self.model, f) == pk.attname),
+                             None)
+        if (id_list is not None and routing_field is not None
+                and kwargs.get("field_name", "pk") in ("pk", pk.name)):
+            router = get_shard_router()
+            groups: dict[str, list[Any]] = {}
+            for value in id_list:
+                key = pk.to_python(value)
+                shard = rule.shard_of_field(router, routing_field, key)
+                groups.setdefault(plan.mapping[shard], []).append(key)
+            for alias, ids in groups.items():
+                result.update(self.using(alias).in_bulk(ids, **kwargs))
+            return result
+        for queryset in self._fan_out(plan=plan):
+            result.update(queryset.in_bulk(id_list, **kwargs))
         return result
 
 

@@ -137,6 +137,22 @@ def id_range_for_time(
     return low, high
 
 
+class FanOut(NamedTuple):
+    """What a query without a shard key reads, from one view of the mapping.
+
+    ``targets`` are the targets serving at least one logical shard; ``keep`` names the targets
+    whose rows must be filtered to their own logical shards (``(id & mask) IN keep[target]``):
+    between a move's copy and its cleanup a shard's rows are on two targets, and only the one
+    the map names may be counted. ``mapping`` is the ``{logical_shard: target}`` the two were
+    derived from, so routing by keys in the same query agrees with them.
+    """
+
+    targets: tuple[str, ...]
+    keep: dict[str, tuple[int, ...]]
+    mapping: dict[int, str]
+    mask: int
+
+
 class ShardRouter:
     """Logical shards of a layout and the physical target each one lives on.
 
@@ -325,6 +341,11 @@ class ShardRouter:
 
     def target_for_id(self, snowflake_id: int) -> str:
         return self._mapping[self.shard_of_id(snowflake_id)]
+
+    def fan_out(self) -> FanOut:
+        """The targets a query without a shard key reads. A fixed router's targets hold only
+        their own shards' rows, so nothing is filtered (``keep`` is empty)."""
+        return FanOut(self.targets, {}, dict(self._mapping), self._max_shard)
 
     def targets_for_ids(self, snowflake_ids: Iterable[int]) -> dict[str, list[int]]:
         """Group IDs by target (for ``WHERE id IN (...)`` per shard)."""
@@ -740,6 +761,22 @@ class ControlledShardRouter(ShardRouter):
             self._stop.set()  # a router closed before the fork starts no thread in the child
         self._next_check = 0.0  # check at the first use: the child may hold another lease
         self._reported = None
+
+    def fan_out(self) -> FanOut:
+        """The targets serving shards in the current map, each to be filtered to its own
+        logical shards unless it serves all of them: a moved shard's rows stay on its source
+        until the move's cleanup, and must not be read there twice (or at all once the map
+        names the new target)."""
+        mapping = self._mapping  # one snapshot: targets and filters agree
+        by_target: dict[str, list[int]] = {}
+        for shard in sorted(mapping):
+            by_target.setdefault(mapping[shard], []).append(shard)
+        keep = {
+            target: tuple(shards)
+            for target, shards in by_target.items()
+            if len(shards) < self.logical_shards
+        }
+        return FanOut(tuple(by_target), keep, dict(mapping), self._max_shard)
 
     def moved(self, shard: int, target: str) -> ShardRouter:
         """A fixed router with ``shard`` on ``target`` (the map is changed by the mover only)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Column, Insert, MetaData, Table, and_, inspect, select
+from sqlalchemy import Column, Delete, Insert, MetaData, Table, Update, and_, inspect, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.horizontal_shard import ShardedSession
 from sqlalchemy.orm import Mapper, ORMExecuteState, Session, sessionmaker
@@ -35,7 +35,7 @@ from sqlalchemy.sql.elements import (
     ClauseElement,
     Grouping,
 )
-from sqlalchemy.sql.selectable import Select
+from sqlalchemy.sql.selectable import Alias, Join, Select
 
 from ..errors import ShardingError
 from ..generator import SnowflakeGenerator
@@ -46,6 +46,8 @@ from ..sharding.rules import ShardRule
 __all__ = ["ShardedRouting", "TablePerShard", "run_transaction", "sharded_sessionmaker"]
 
 _T = TypeVar("_T")
+#: The execution option carrying a fan-out's per-target filters to :meth:`keep_own_shards`.
+KEEP_OPTION = "snowflake_db_keep_shards"
 
 
 def _table_name(table: Table | str | type) -> str:
@@ -182,12 +184,80 @@ class ShardedRouting:
         parameters = context.parameters
         params = parameters if isinstance(parameters, Mapping) else {}
         shards = self._shards_of(where, params) if where is not None else None
+        if shards is None and self._only_unsharded(statement) and self.unsharded_target:
+            return [self.unsharded_target]
+        plan = self.router.fan_out()  # one view of the map for the targets and their filters
         if shards is None:
-            if self._only_unsharded(statement) and self.unsharded_target:
-                return [self.unsharded_target]
-            return self._all()
-        targets = self._targets(shards)
-        return targets or self._all()[:1]  # contradictory filters: no row can match anywhere
+            targets = list(plan.targets)
+        else:  # contradictory filters: no row can match anywhere, ask one target
+            targets = list(dict.fromkeys(plan.mapping[s] for s in sorted(shards)))
+            targets = targets or list(plan.targets[:1])
+        if plan.keep:
+            context.update_execution_options(
+                **{KEEP_OPTION: tuple((t, plan.keep[t], plan.mask) for t in targets
+                                      if t in plan.keep)}
+            )
+        return targets
+
+    def keep_own_shards(self, context: ORMExecuteState) -> Any:
+        """``do_orm_execute``, after the fan-out has picked one target: restrict the sharded
+        tables of the statement to the logical shards the map gives that target (see
+        :meth:`~snowflake_db.sharding.ShardRouter.fan_out`), so a moved shard's rows left on
+        its source until the cleanup are neither read twice nor updated there."""
+        plan = context.execution_options.get(KEEP_OPTION)
+        target = context.bind_arguments.get("shard_id")
+        if not plan or target is None:
+            return None
+        for name, shards, mask in plan:
+            if name == target:
+                statement = self.restrict(context.statement, shards, mask)
+                if statement is None:
+                    return None
+                return context.invoke_statement(statement=statement)
+        return None
+
+    def restrict(self, statement: Any, shards: Sequence[int], mask: int) -> Any:
+        """``statement`` with ``(id & mask) IN shards`` on each sharded table it reads or
+        changes (the first ID field of its rule; tables routed by a key hash are left alone:
+        no move moves them), or ``None`` when it has none. Tables on the optional side of an
+        outer join are not filtered: their rows follow the rows they join."""
+        if isinstance(statement, Select):
+            tables: list[Any] = []
+            for from_ in statement.get_final_froms():
+                self._filtered_froms(from_, tables)
+        elif isinstance(statement, Update | Delete):
+            tables = [statement.table]
+        else:
+            return None
+        criteria = []
+        for table in tables:
+            column = self._shard_column(table)
+            if column is not None:
+                criteria.append(column.bitwise_and(mask).in_(list(shards)))
+        if not criteria:
+            return None
+        return statement.where(*criteria)
+
+    def _filtered_froms(self, from_: Any, found: list[Any]) -> None:
+        if isinstance(from_, Join):
+            if not from_.full:
+                self._filtered_froms(from_.left, found)
+                if not from_.isouter:
+                    self._filtered_froms(from_.right, found)
+            return
+        found.append(from_)
+
+    def _shard_column(self, from_: Any) -> Any:
+        table = from_.element if isinstance(from_, Alias) else from_
+        if not isinstance(table, Table):
+            return None
+        rule = self.rules.get(table.name)
+        if rule is None:
+            return None
+        for field in rule.id_fields:
+            if field in from_.c:
+                return from_.c[field]
+        return None
 
     def _only_unsharded(self, statement: Any) -> bool:
         tables = getattr(statement, "get_final_froms", None)
@@ -270,12 +340,25 @@ def sharded_sessionmaker(
     if missing:
         raise ShardingError(f"no engine for shard target(s) {missing}; got {sorted(engines)}")
     factory = sessionmaker(
-        class_=ShardedSession, shards=dict(engines), **routing.session_kwargs(), **session_options
+        class_=_MapFollowingSession, shards=dict(engines), routing=routing,
+        **routing.session_kwargs(), **session_options,
     )
     from sqlalchemy import event
 
     event.listen(factory, "before_flush", routing.assign_ids)
     return factory
+
+
+class _MapFollowingSession(ShardedSession):
+    """A ``ShardedSession`` whose fan-outs keep each target's rows to the logical shards the
+    shard map gives it. The listener is the session's own, added after ``ShardedSession``'s:
+    it runs once per target, inside the fan-out (``invoke_statement`` runs later listeners)."""
+
+    def __init__(self, *args: Any, routing: ShardedRouting, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        from sqlalchemy import event
+
+        event.listen(self, "do_orm_execute", routing.keep_own_shards, retval=True)
 
 
 def run_transaction(

@@ -174,3 +174,44 @@ def test_a_fenced_write_is_retried_on_the_new_target(control: Engine) -> None:
     assert aliases == [source, NEW]
     assert order._state.db == NEW and Order.objects.using(NEW).filter(pk=order.pk).exists()
     assert not Order.objects.using(source).filter(customer_id=customer.pk).exists()
+
+
+def test_fan_out_reads_count_a_moved_shard_once(control: Engine) -> None:
+    """Between a move's copy and its cleanup a shard's orders are on two aliases: queries
+    without a shard key read each order once, from the alias the map names."""
+    router = _router()
+    source = ALIASES[0]
+    customer = _customer_on(source)
+    shard = router.shard_for_key(customer.pk)
+    marker, single = 880001, 880002
+    orders = [Order.objects.create(customer_id=customer.pk, total_cents=marker)
+              for _ in range(3)]
+    lone = Order.objects.create(customer_id=customer.pk, total_cents=single)
+    ids = sorted(o.pk for o in orders)
+    # What a move's copy does: the shard's rows on the new alias too.
+    _copy_customer(customer, NEW)
+    for order in [*orders, lone]:
+        Order(pk=order.pk, customer_id=customer.pk, total_cents=order.total_cents).save(
+            using=NEW, force_insert=True)
+
+    def reads() -> tuple[list[int], int, list[int], int, set[str]]:
+        query = Order.objects.filter(total_cents=marker)
+        rows = list(query.across_shards())
+        return (
+            sorted(o.pk for o in rows),
+            sum(query.count_by_shard().values()),
+            sorted(query.in_bulk()),
+            Order.objects.get(total_cents=single).pk,  # MultipleObjectsReturned if doubled
+            {o._state.db for o in rows},
+        )
+
+    assert reads() == (ids, 3, ids, lone.pk, {source})
+    flip_shard(control, shard, NEW)
+    router.refresh()
+    assert reads() == (ids, 3, ids, lone.pk, {NEW})
+    assert sorted(Order.objects.in_bulk(ids)) == ids
+    assert {o._state.db for o in Order.objects.in_bulk(ids).values()} == {NEW}
+    sliced = list(Order.objects.filter(total_cents=marker).order_by("pk")[:2].across_shards())
+    assert [o.pk for o in sliced] == ids[:2]  # a slice of the kept rows, on the one alias
+    # The source still holds its copy until the cleanup; nothing above read it.
+    assert Order.objects.using(source).filter(total_cents=marker).count() == 3

@@ -1,0 +1,267 @@
+"""An online shard move under writers, measured: nothing lost or doubled, the moving shard's
+pause, the other shards' write rate, the copy speed against a plain COPY pipe.
+
+Starts two throwaway PostgreSQL clusters (``wal_level = logical``,
+``wal_retrieve_retry_interval = 200ms``; ``example_project.grow``), a control database (worker
+table and shard map) and the shop's tables with real Snowflake keys over 16 logical shards, all
+served by the first cluster. Loads ``--rows-per-shard`` orders per shard, starts ``--writers``
+order PROCESSES (leased worker IDs, routing by the map, placing and updating orders through
+``run_transaction``, which retries a write the fence refused), measures a baseline, pipes the
+moving shard's rows with ``COPY ... TO STDOUT`` into ``COPY ... FROM STDIN`` on the second
+cluster (a scratch database, under the same writers), then moves the shard with
+``ShardMover`` and keeps writing for a moment. Prints one table::
+
+    python benchmarks/bench_shard_moves.py [--quick] [--check]
+
+``--check`` exits 1 when a target is missed and names it: 0 acknowledged orders lost or
+doubled; the moving shard's pause (p99 latency of its writes begun between the fence and the
+flip, minus the baseline p99 of all writes) at most 1 s; the other shards' write rate during
+the move at least 0.8x the baseline; the subscription's copy at least 0.5x the pipe's rows/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import snowflake_db.process
+from example_project import grow
+from example_project.common import SHOP_LAYOUT
+
+SOURCE, TARGET = "src", "dst"
+TARGETS = {"lost_doubled": 0, "pause_s": 1.0, "other_rate": 0.8, "copy_ratio": 0.5}
+
+
+def p99(values: Sequence[float]) -> float:
+    if not values:
+        return 0.0
+    if len(values) < 2:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
+
+
+def conninfo(url: str) -> str:
+    """libpq form of the clusters' SQLAlchemy URL (``postgresql+psycopg://user@host:port/db``)."""
+    rest = url.split("://", 1)[1]
+    user, _, rest = rest.partition("@")
+    hostport, _, database = rest.partition("/")
+    host, _, port = hostport.partition(":")
+    return f"host={host} port={port} user={user} dbname={database}"
+
+
+def load(shop: grow.GrowingShop, factory: Any, rows_per_shard: int) -> int:
+    """Four customers per shard and ``rows_per_shard`` orders per shard with real IDs."""
+    from example_project.sqlalchemy_shop import Customer
+    from snowflake_db.sharding import ShardRouter
+
+    router = ShardRouter([SOURCE], layout=SHOP_LAYOUT)
+    generator = snowflake_db.process.get_generator()
+    with factory() as session, session.begin():
+        customers = {shard: [Customer(id=router.new_id(shard=shard, generator=generator),
+                                      name=f"c{shard}-{n}") for n in range(4)]
+                     for shard in range(16)}
+        session.add_all(c for group in customers.values() for c in group)
+    with psycopg.connect(conninfo(shop.urls[SOURCE])) as connection:
+        with connection.cursor().copy(
+            "COPY shop_order (id, customer_id, total_cents) FROM STDIN"
+        ) as copy:
+            for shard in range(16):
+                ids = router.new_ids(rows_per_shard, shard=shard, generator=generator)
+                group = customers[shard]
+                for n, order_id in enumerate(ids):
+                    copy.write_row((order_id, group[n % 4].id, 100 + n % 1000))
+        connection.execute("ANALYZE")
+    return 16 * rows_per_shard
+
+
+def pipe_copy(shop: grow.GrowingShop, cluster: Any, shard: int) -> tuple[int, float]:
+    """The shard's rows of the three tables from the source into a scratch database on the
+    target: ``COPY (SELECT ...) TO STDOUT`` streamed into ``COPY ... FROM STDIN`` (foreign keys
+    not checked, as the subscription's apply worker does not). Rows and seconds."""
+    from sqlalchemy import create_engine
+
+    from example_project.sqlalchemy_shop import Base
+
+    cluster.create_database("pipe")
+    engine = create_engine(cluster.url("pipe"))
+    Base.metadata.create_all(engine)
+    engine.dispose()
+    rows = 0
+    mask = SHOP_LAYOUT.max_shard
+    started = time.perf_counter()
+    with psycopg.connect(conninfo(shop.urls[SOURCE])) as source, \
+            psycopg.connect(conninfo(cluster.url("pipe"))) as target:
+        target.execute("SET session_replication_role = replica")
+        for table in grow.SHOP_TABLES:
+            with source.cursor().copy(
+                f"COPY (SELECT * FROM {table} WHERE (id & {mask}) = {shard}) TO STDOUT"
+            ) as out, target.cursor().copy(f"COPY {table} FROM STDIN") as into:
+                for block in out:
+                    into.write(block)
+        target.commit()
+        for table in grow.SHOP_TABLES:
+            rows += int(target.execute(f"SELECT count(*) FROM {table}").fetchone()[0])  # type: ignore[index]
+    return rows, time.perf_counter() - started
+
+
+def journal_times(shop: grow.GrowingShop, move_id: int) -> dict[str, tuple[float, float]]:
+    """``{step: (started, done)}`` in Unix seconds from the move's journal (database clock)."""
+    from sqlalchemy import MetaData, create_engine, select
+
+    from snowflake_db.sharding.shard_map import shard_map_tables
+
+    steps = shard_map_tables(MetaData()).move_steps
+    engine = create_engine(shop.control_url)
+    with engine.connect() as connection:
+        rows = connection.execute(
+            select(steps.c.step, steps.c.status, steps.c.at_ms)
+            .where(steps.c.move_id == move_id).order_by(steps.c.seq)
+        ).all()
+    engine.dispose()
+    times: dict[str, list[float]] = {}
+    for step, status, at_ms in rows:
+        entry = times.setdefault(step, [0.0, 0.0])
+        entry[0 if status == "started" else 1] = at_ms / 1000
+    return {step: (a, b) for step, (a, b) in times.items()}
+
+
+def run(args: argparse.Namespace) -> int:
+    shard = args.shard
+    with grow.logical_clusters([SOURCE, TARGET]) as clusters:
+        shop = grow.prepare_shop(clusters, [SOURCE])
+        from example_project.workers import configure_worker
+
+        configure_worker(shop.control_url)
+        processes: grow.OrderProcesses | None = None
+        try:
+            with grow.shop_session(shop) as (_, factory):
+                loaded = load(shop, factory, args.rows_per_shard)
+                customers = grow.add_customers(factory, 64)
+                processes = grow.OrderProcesses(shop, customers, args.writers,
+                                                think_s=args.think_ms / 1000)
+                processes.wait_for_writes(20 * args.writers)  # every process is writing
+                time.sleep(args.warmup_s)
+                baseline_start = time.time()
+                time.sleep(args.baseline_s)
+                baseline_end = time.time()
+                pipe_rows, pipe_s = pipe_copy(shop, clusters[TARGET], shard)
+                events: list[tuple[float, str]] = []
+                mover = grow.shard_mover(shop, barrier_timeout_s=120.0)
+                try:
+                    move_id = grow.move_shard(
+                        mover, shard, TARGET,
+                        progress=lambda event: events.append((time.time(), event.step)),
+                    )
+                finally:
+                    mover.close()
+                time.sleep(args.after_s)
+                writes, problems = processes.stop()
+                processes = None
+            audit = grow.audit_orders(shop, writes)
+            journal = journal_times(shop, move_id)
+        finally:
+            if processes is not None:
+                processes.stop(timeout_s=30)
+            snowflake_db.process.reset()
+    return report(args, loaded=loaded, writes=writes, problems=problems, audit=audit,
+                  journal=journal, events=events, baseline=(baseline_start, baseline_end),
+                  pipe=(pipe_rows, pipe_s))
+
+
+def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],
+           problems: list[str], audit: grow.Audit, journal: dict[str, tuple[float, float]],
+           events: list[tuple[float, str]], baseline: tuple[float, float],
+           pipe: tuple[int, float]) -> int:
+    shard = args.shard
+    move_start, move_end = journal["check"][0], journal["finish"][1]
+    fence_at, flip_at = journal["fence"][0], journal["flip"][1]
+    copy_start = journal["copy"][0]
+    copy_done = next((t for t, step in events if step == "catch_up"), journal["catch_up"][1])
+    copy_s = copy_done - copy_start
+    shard_rows = loaded // 16 + sum(1 for w in writes if w.op == "place" and w.shard == shard
+                                    and w.started < copy_start)
+    pipe_rows, pipe_s = pipe
+    in_base = [w for w in writes if baseline[0] <= w.started < baseline[1]]
+    base_p99 = p99([w.latency for w in in_base])
+    cutover = [w.latency for w in writes if w.shard == shard and fence_at <= w.started <= flip_at]
+    pause = max(0.0, p99(cutover) - base_p99) if cutover else 0.0
+    others_before = sum(1 for w in in_base if w.shard != shard) / (baseline[1] - baseline[0])
+    others_during = sum(1 for w in writes if w.shard != shard
+                        and move_start <= w.started < move_end) / (move_end - move_start)
+    other_ratio = others_during / others_before if others_before else 0.0
+    sub_rate = shard_rows / copy_s if copy_s > 0 else 0.0
+    pipe_rate = pipe_rows / pipe_s if pipe_s > 0 else 0.0
+    copy_ratio = sub_rate / pipe_rate if pipe_rate else 0.0
+    lost = len(audit.lost) + len(audit.stale)
+    doubled = len(audit.doubled) + len(audit.misplaced)
+    moving_writes = sum(1 for w in writes if w.shard == shard)
+    rows = [
+        ("rows loaded (16 shards)", f"{loaded:,}", ""),
+        ("writer processes / writes acknowledged", f"{args.writers} / {len(writes):,}",
+         f"{moving_writes:,} of them on shard {shard}"),
+        ("acknowledged orders lost / duplicated", f"{lost} / {doubled}",
+         f"target 0 / 0 (lost: missing {len(audit.lost)}, wrong total {len(audit.stale)}; "
+         f"duplicated: on two servers {len(audit.doubled)}, misplaced {len(audit.misplaced)})"),
+        ("moving shard's pause at cutover", f"{pause:.3f} s",
+         f"target <= 1 s; p99 {p99(cutover):.3f} s of {len(cutover)} writes begun between "
+         f"fence and flip ({flip_at - fence_at:.2f} s) minus baseline p99 {base_p99:.3f} s"),
+        ("other shards' write rate during / before", f"{other_ratio:.2f}x",
+         f"target >= 0.8x; {others_during:.0f}/s vs {others_before:.0f}/s"),
+        ("copy: subscription vs COPY pipe", f"{copy_ratio:.2f}x",
+         f"target >= 0.5x; {shard_rows:,} rows in {copy_s:.2f} s vs {pipe_rows:,} rows in "
+         f"{pipe_s:.2f} s"),
+        ("move, check to finish", f"{move_end - move_start:.2f} s",
+         "; ".join(f"{step} {b - a:.2f}" for step, (a, b) in journal.items() if b and a)),
+    ]
+    width = max(len(r[0]) for r in rows)
+    for name, value, note in rows:
+        print(f"{name:<{width}}  {value:>12}  {note}")
+    misses = []
+    if lost or doubled:
+        misses.append(f"acknowledged orders lost/duplicated {lost}/{doubled} (target 0/0)")
+    if pause > TARGETS["pause_s"]:
+        misses.append(f"moving shard's pause {pause:.3f} s (target <= 1 s)")
+    if other_ratio < TARGETS["other_rate"]:
+        misses.append(f"other shards' write rate {other_ratio:.2f}x (target >= 0.8x)")
+    if copy_ratio < TARGETS["copy_ratio"]:
+        misses.append(f"copy speed {copy_ratio:.2f}x of the COPY pipe (target >= 0.5x)")
+    misses.extend(problems)
+    for miss in misses:
+        print(f"MISSED: {miss}", file=sys.stderr)
+    if args.check and misses:
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--quick", action="store_true", help="a small run for a smoke test")
+    parser.add_argument("--rows-per-shard", type=int, default=None)
+    parser.add_argument("--writers", type=int, default=4)
+    parser.add_argument("--think-ms", type=float, default=5.0,
+                        help="pause of each writer between its writes (default 5 ms)")
+    parser.add_argument("--shard", type=int, default=5, help="the logical shard moved")
+    args = parser.parse_args(argv)
+    if args.rows_per_shard is None:
+        args.rows_per_shard = 1_000 if args.quick else 25_000
+    if not 1 <= args.rows_per_shard <= 2_000_000 or not 1 <= args.writers <= 16 \
+            or not 0 <= args.shard < 16:
+        parser.error("--rows-per-shard 1..2,000,000, --writers 1..16, --shard 0..15")
+    args.warmup_s = 1.0
+    args.baseline_s = 2.0 if args.quick else 5.0
+    args.after_s = 1.0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
