@@ -303,9 +303,11 @@ class OrderProcesses:
 
 
 def shard_mover(shop: GrowingShop, **options: Any) -> Any:
-    """A :class:`~snowflake_db.sharding.moves.ShardMover` for the shop's tables."""
+    """A :class:`~snowflake_db.sharding.moves.ShardMover` for the shop's tables. Every process
+    of the demo leases its worker ID (none is static), so the barrier sees them all."""
     from snowflake_db.sharding.moves import ShardMover
 
+    options.setdefault("assume_no_static_workers", True)
     return ShardMover(shop.control_url, shop.urls, layout=SHOP_LAYOUT, tables=SHOP_TABLES,
                       **options)
 

@@ -415,8 +415,19 @@ class ShardedQuerySet(models.QuerySet):
         return _attname(self.model, rule.id_fields[0]) if rule.id_fields else None
 
     def get(self, *args: Any, **kwargs: Any) -> Any:
+        """``get()`` on the shard its filters pin (or every shard); a miss routed by a
+        map-following router checks the map once and, when it changed (a shard moved since the
+        router last looked), looks again, so a stale router never misses an existing row."""
         if self._db is not None:
             return super().get(*args, **kwargs)
+        try:
+            return self._get_routed(*args, **kwargs)
+        except self.model.DoesNotExist:
+            if not get_shard_router().refresh_after_miss():
+                raise
+        return self._get_routed(*args, **kwargs)
+
+    def _get_routed(self, *args: Any, **kwargs: Any) -> Any:
         plan = get_shard_router().fan_out()
         aliases = self._aliases_for(kwargs, plan.mapping)
         if aliases is not None and len(aliases) == 1:

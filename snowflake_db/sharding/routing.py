@@ -300,6 +300,11 @@ class ShardRouter:
         self._check_shard(shard)
         return self._mapping[shard]
 
+    def refresh_after_miss(self) -> bool:
+        """A read routed by this router found nothing: whether the mapping changed since, so
+        the read is worth running once more. A fixed mapping never changes: ``False``."""
+        return False
+
     def _check_shard(self, shard: object) -> int:
         if isinstance(shard, bool) or not isinstance(shard, int):
             raise InvalidArgumentTypeError(
@@ -635,6 +640,22 @@ class ControlledShardRouter(ShardRouter):
         routed with; errors are raised, not logged."""
         self._check(force=True)
         return self.version
+
+    def refresh_after_miss(self) -> bool:
+        """A read by ID, key or public number found nothing: check the map's version now (one
+        primary-key read of the control database) and return whether it changed, so the caller
+        reads once more with the new map. A process that has not refreshed since a move's flip
+        (a long ``refresh_s``, a process without a lease the cleanup barrier cannot wait for)
+        would otherwise look on the old target after its rows were deleted there. A failed
+        check is logged and answers ``False``: the miss stands."""
+        before = self._snapshot.map.version if self._snapshot.map is not None else None
+        try:
+            self._check(force=True)
+        except Exception as error:
+            logger.warning("snowflake_db: checking the shard map after a read miss failed "
+                           "(%s: %s)", type(error).__name__, error)
+            return False
+        return self.version != before
 
     def _follow(self) -> None:
         if not self._ready:

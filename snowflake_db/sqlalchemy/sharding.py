@@ -358,7 +358,18 @@ class _MapFollowingSession(ShardedSession):
         super().__init__(*args, **kwargs)
         from sqlalchemy import event
 
+        self._snowflake_routing = routing
         event.listen(self, "do_orm_execute", routing.keep_own_shards, retval=True)
+
+    def get(self, entity: Any, ident: Any, **kwargs: Any) -> Any:
+        """``Session.get``; a miss routed by a map-following router checks the map once and,
+        when it changed (a shard moved since the router last looked), looks again: a router
+        that has not refreshed since a move's cleanup never misses an existing row."""
+        found = super().get(entity, ident, **kwargs)
+        if (found is None and kwargs.get("identity_token") is None
+                and self._snowflake_routing.router.refresh_after_miss()):
+            found = super().get(entity, ident, **kwargs)
+        return found
 
 
 def run_transaction(

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from sqlalchemy import Engine, MetaData, create_engine, select
 
 from example_project import local_servers
 from snowflake_db import Layout, SnowflakeGenerator
@@ -27,8 +28,17 @@ from snowflake_db.sharding.moves import (
     FENCE_SQLSTATE,
     MovedTable,
     PostgresMoveBackend,
+    ShardMover,
     wait_until,
 )
+from snowflake_db.sharding.shard_map import (
+    add_target,
+    create_shard_map_tables,
+    init_shard_map,
+    read_shard_map,
+    shard_map_tables,
+)
+from snowflake_db.worker import worker_tables
 
 from .databases import unavailable
 
@@ -66,6 +76,8 @@ LOAD = [
        FROM generate_series(1, 3000) AS n""",
 ]
 STEP_TIMEOUT_S = 60.0
+#: Both clusters of the mover's tests: a shard moves from ``a`` to ``b`` and back.
+BOTH_CONF = SOURCE_CONF + "max_logical_replication_workers = 6\n"
 
 
 @dataclass
@@ -244,3 +256,104 @@ class Writer:
             self.deleted.add(oid)
         elif ok:
             self.alive[oid] = status
+
+
+# -- a control database and the map (ShardMover's tests) -----------------------------------------
+
+_controls = itertools.count(1)
+
+
+@dataclass
+class Setup:
+    """A database pair (``a`` = first cluster, ``b`` = second), the control database and the
+    map: every shard on ``a``, ``b`` registered."""
+
+    pair: Pair
+    control_url: str
+    control: Engine
+    movers: list[ShardMover] = field(default_factory=list)
+
+    def url(self, name: str) -> str:
+        cluster = self.pair.clusters.source if name == "a" else self.pair.clusters.target
+        return cluster.url(self.pair.db)
+
+    @property
+    def targets(self) -> dict[str, str]:
+        return {"a": self.url("a"), "b": self.url("b")}
+
+    def mover(self, **options: Any) -> ShardMover:
+        options.setdefault("lease_s", 5.0)
+        options.setdefault("barrier_timeout_s", 30.0)
+        options.setdefault("copy_timeout_s", 60.0)
+        options.setdefault("catch_up_timeout_s", 60.0)
+        # The tests' writers hold leases or are stopped before the cleanup.
+        options.setdefault("assume_no_static_workers", True)
+        mover = ShardMover(self.control, self.targets, layout=LAYOUT, tables=TABLES, **options)
+        self.movers.append(mover)
+        return mover
+
+    def map_of(self, shard: int) -> tuple[str, str]:
+        row = read_shard_map(self.control).rows[shard]
+        return row.target, row.state
+
+    def cli(self, *args: str, only: tuple[str, ...] = ("a", "b")) -> list[str]:
+        return ["shards", *args, "--control", self.control_url,
+                *(a for name, url in self.targets.items() if name in only
+                  for a in ("--target", f"{name}={url}"))]
+
+    def cli_move(self, *args: str, only: tuple[str, ...] = ("a", "b"),
+                 tables: tuple[str, ...] = ("orders", "order_items")) -> list[str]:
+        return [*self.cli("move", *args, only=only),
+                *(a for table in tables for a in ("--table", table)), "--lease-seconds", "5",
+                "--assume-no-static-workers"]
+
+    def rows(self, name: str, shard: int) -> dict[str, dict[int, tuple[Any, ...]]]:
+        which = "source" if name == "a" else "target"
+        return {table: self.pair.rows(which, table, shard) for table in ("orders", "order_items")}
+
+    def control_counts(self) -> tuple[int, int]:
+        tables = shard_map_tables(MetaData())
+        with self.control.connect() as connection:
+            return (len(connection.execute(select(tables.moves.c.id)).all()),
+                    read_shard_map(connection).version)
+
+
+@contextmanager
+def make_setup(clusters: Clusters, prefix: str = "mover", control_on: str = "source"
+               ) -> Iterator[Setup]:
+    """A database pair, a control database on the ``control_on`` cluster (``source`` = ``a``,
+    ``target`` = ``b``) with the worker and map tables, and the map: every shard on ``a``,
+    ``b`` registered."""
+    with make_pair(clusters, prefix=prefix) as pair:
+        name = f"{pair.db}_ctl{next(_controls)}"
+        home = getattr(clusters, control_on)
+        home.create_database(name)
+        url = home.url(name)
+        control = create_engine(url)
+        create_shard_map_tables(control)
+        worker_tables(MetaData()).slots.metadata.create_all(control)
+        init_shard_map(control, layout=LAYOUT, assignment=["a"])
+        add_target(control, "b")
+        made = Setup(pair, url, control)
+        try:
+            yield made
+        finally:
+            for mover in made.movers:
+                mover.close()
+            control.dispose()
+
+
+def assert_moved(setup: Setup, shard: int, before: dict[str, dict[int, tuple[Any, ...]]],
+                 move_id: int, to: str = "b") -> None:
+    """The shard's rows are on ``to`` exactly as they were, gone from the other side; the map
+    serves it from ``to``; nothing of the move's replication is left."""
+    other = "a" if to == "b" else "b"
+    assert setup.rows(to, shard) == before
+    assert setup.rows(other, shard) == {"orders": {}, "order_items": {}}
+    assert setup.map_of(shard) == (to, "serving")
+    mover = setup.mover()
+    status = mover.status(move_id)
+    assert status.move.state == "done" and status.move.mover_token is None
+    left = mover.leftovers(move_id)
+    assert left.replication_empty and len(left.fence_triggers) == 6
+    setup.pair.assert_nothing_left()

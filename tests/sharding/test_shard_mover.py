@@ -10,7 +10,6 @@ the reason; under ``CI=true`` they fail.
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
 import signal
@@ -26,7 +25,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, MetaData, create_engine, insert, select
+from sqlalchemy import MetaData, create_engine, insert
 
 from snowflake_db import SnowflakeGenerator
 from snowflake_db.cli import main
@@ -40,9 +39,7 @@ from snowflake_db.sharding.moves import (
 )
 from snowflake_db.sharding.routing import ControlledShardRouter
 from snowflake_db.sharding.shard_map import (
-    add_target,
     create_shard_map_tables,
-    init_shard_map,
     read_shard_map,
     report_seen,
     shard_map_tables,
@@ -50,21 +47,21 @@ from snowflake_db.sharding.shard_map import (
 from snowflake_db.worker import worker_tables
 
 from ..plugins.shard_moves import (
+    BOTH_CONF,
     LAYOUT,
     MASK,
-    SOURCE_CONF,
     TABLES,
     Clusters,
-    Pair,
+    Setup,
+    assert_moved,
     make_pair,
+    make_setup,
     start_clusters,
 )
 
 pytestmark = pytest.mark.xdist_group("shard_mover")
 
-BOTH_CONF = SOURCE_CONF + "max_logical_replication_workers = 6\n"
 ROOT = Path(__file__).resolve().parents[2]
-_controls = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
@@ -73,92 +70,10 @@ def clusters() -> Iterator[Clusters]:
         yield started
 
 
-@dataclass
-class Setup:
-    """A database pair (``a`` = first cluster, ``b`` = second), the control database and the
-    map: every shard on ``a``, ``b`` registered."""
-
-    pair: Pair
-    control_url: str
-    control: Engine
-    movers: list[ShardMover] = field(default_factory=list)
-
-    def url(self, name: str) -> str:
-        cluster = self.pair.clusters.source if name == "a" else self.pair.clusters.target
-        return cluster.url(self.pair.db)
-
-    @property
-    def targets(self) -> dict[str, str]:
-        return {"a": self.url("a"), "b": self.url("b")}
-
-    def mover(self, **options: Any) -> ShardMover:
-        options.setdefault("lease_s", 5.0)
-        options.setdefault("barrier_timeout_s", 30.0)
-        options.setdefault("copy_timeout_s", 60.0)
-        options.setdefault("catch_up_timeout_s", 60.0)
-        mover = ShardMover(self.control, self.targets, layout=LAYOUT, tables=TABLES, **options)
-        self.movers.append(mover)
-        return mover
-
-    def map_of(self, shard: int) -> tuple[str, str]:
-        row = read_shard_map(self.control).rows[shard]
-        return row.target, row.state
-
-    def cli(self, *args: str, only: tuple[str, ...] = ("a", "b")) -> list[str]:
-        return ["shards", *args, "--control", self.control_url,
-                *(a for name, url in self.targets.items() if name in only
-                  for a in ("--target", f"{name}={url}"))]
-
-    def cli_move(self, *args: str, only: tuple[str, ...] = ("a", "b"),
-                 tables: tuple[str, ...] = ("orders", "order_items")) -> list[str]:
-        return [*self.cli("move", *args, only=only),
-                *(a for table in tables for a in ("--table", table)), "--lease-seconds", "5"]
-
-    def rows(self, name: str, shard: int) -> dict[str, dict[int, tuple[Any, ...]]]:
-        which = "source" if name == "a" else "target"
-        return {table: self.pair.rows(which, table, shard) for table in ("orders", "order_items")}
-
-    def control_counts(self) -> tuple[int, int]:
-        tables = shard_map_tables(MetaData())
-        with self.control.connect() as connection:
-            return (len(connection.execute(select(tables.moves.c.id)).all()),
-                    read_shard_map(connection).version)
-
-
 @pytest.fixture
 def setup(clusters: Clusters) -> Iterator[Setup]:
-    with make_pair(clusters, prefix="mover") as pair:
-        name = f"{pair.db}_ctl{next(_controls)}"
-        clusters.source.create_database(name)
-        url = clusters.source.url(name)
-        control = create_engine(url)
-        create_shard_map_tables(control)
-        worker_tables(MetaData()).slots.metadata.create_all(control)
-        init_shard_map(control, layout=LAYOUT, assignment=["a"])
-        add_target(control, "b")
-        made = Setup(pair, url, control)
-        try:
-            yield made
-        finally:
-            for mover in made.movers:
-                mover.close()
-            control.dispose()
-
-
-def assert_moved(setup: Setup, shard: int, before: dict[str, dict[int, tuple[Any, ...]]],
-                 move_id: int, to: str = "b") -> None:
-    """The shard's rows are on ``to`` exactly as they were, gone from the other side; the map
-    serves it from ``to``; nothing of the move's replication is left."""
-    other = "a" if to == "b" else "b"
-    assert setup.rows(to, shard) == before
-    assert setup.rows(other, shard) == {"orders": {}, "order_items": {}}
-    assert setup.map_of(shard) == (to, "serving")
-    mover = setup.mover()
-    status = mover.status(move_id)
-    assert status.move.state == "done" and status.move.mover_token is None
-    left = mover.leftovers(move_id)
-    assert left.replication_empty and len(left.fence_triggers) == 6
-    setup.pair.assert_nothing_left()
+    with make_setup(clusters) as made:
+        yield made
 
 
 # -- the whole move under writers -----------------------------------------------------------------
@@ -304,7 +219,8 @@ _KILLER = textwrap.dedent("""
     _journal.Journal.done = wrap("done")
     _journal.Journal.started = wrap("started")
     targets = dict(arg.split("=", 1) for arg in sys.argv[5:])
-    mover = ShardMover(sys.argv[3], targets, layout=LAYOUT, tables=TABLES, lease_s=30)
+    mover = ShardMover(sys.argv[3], targets, layout=LAYOUT, tables=TABLES, lease_s=30,
+                       assume_no_static_workers=True)
     mover.move(int(sys.argv[4]), "b")
     sys.exit(3)  # never reached: the mover was killed
 """)
@@ -653,7 +569,7 @@ def test_manage_py_shards_init_plan_and_move_on_database_aliases(clusters: Clust
         assert done.returncode == 0, done.stderr
         assert "shard_a (postgresql): 16 shard(s)" in done.stdout
         assert "shard_b (postgresql): 0 shard(s)" in done.stdout
-        tables = ("--table", "orders", "--table", "order_items")
+        tables = ("--table", "orders", "--table", "order_items", "--assume-no-static-workers")
         done = manage("move", "--shard", "8", "--to", "shard_b", "--dry-run", *tables)
         assert done.returncode == 0 and "dry run: shard 8: shard_a -> shard_b" in done.stdout
         before = {t: pair.rows("source", t, 8) for t in ("orders", "order_items")}

@@ -34,6 +34,7 @@ from ._results import (
 )
 from .mover import (
     FORWARD_STEPS,
+    STATIC_WORKERS_STEP,
     MovePlan,
     MoveProgress,
     MoveRecord,
@@ -42,6 +43,7 @@ from .mover import (
     MoveStoppedError,
     ProposedMove,
     ShardMover,
+    StaticWorkersUnconfirmedError,
 )
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "FENCE_SQLSTATE",
     "FORWARD_STEPS",
     "MOVE_STEPS",
+    "STATIC_WORKERS_STEP",
     "Blocker",
     "CleanupReport",
     "CopyProgress",
@@ -67,6 +70,7 @@ __all__ = [
     "PostgresMoveBackend",
     "ProposedMove",
     "ShardMover",
+    "StaticWorkersUnconfirmedError",
     "TableChecksum",
     "Verification",
     "VerificationMismatchError",

@@ -91,8 +91,22 @@ class Connector:
             raise ShardMoveError(
                 f"cannot connect to the {self.role} {self.description}: {_first_line(error)}"
             ) from error
-        with connection:
+        with connection, self._named_if_lost(connection):
             yield connection
+
+    @contextmanager
+    def _named_if_lost(self, connection: psycopg.Connection[Any]) -> Iterator[None]:
+        """A server that went away during a step (restarted, unreachable) is named: psycopg's
+        own message ("server closed the connection unexpectedly") says not which one."""
+        try:
+            yield
+        except psycopg.OperationalError as error:
+            if not (connection.broken or connection.closed):
+                raise
+            raise ShardMoveError(
+                f"lost the connection to the {self.role} {self.description}: "
+                f"{_first_line(error)}"
+            ) from error
 
     def _engine_session(self) -> Iterator[psycopg.Connection[Any]]:
         try:
@@ -104,7 +118,8 @@ class Connector:
         connection: psycopg.Connection[Any] = raw.driver_connection
         try:
             connection.autocommit = True
-            yield connection
+            with self._named_if_lost(connection):
+                yield connection
         except BaseException:
             if connection.closed or connection.broken:
                 raw.invalidate()

@@ -72,6 +72,7 @@ from ._results import Leftovers, MovedTable
 
 __all__ = [
     "FORWARD_STEPS",
+    "STATIC_WORKERS_STEP",
     "MovePlan",
     "MoveProgress",
     "MoveRecord",
@@ -80,6 +81,7 @@ __all__ = [
     "MoverLeaseLostError",
     "ProposedMove",
     "ShardMover",
+    "StaticWorkersUnconfirmedError",
 ]
 
 #: The journaled forward steps and the move state each one runs in, in order.
@@ -99,9 +101,16 @@ FORWARD_STEPS: tuple[tuple[str, str | None], ...] = (
     ("finish", "cleaning"),
 )
 _FORWARD_NAMES = tuple(name for name, _ in FORWARD_STEPS)
+#: The step a move stops at without ``assume_no_static_workers``.
+STATIC_WORKERS_STEP = "delete_source_rows"
 _OLD_FENCE = re.compile(r"^sfdb_fence_(\d+)_[wdt]$")
 
 Target = str | URL | Engine
+
+
+class StaticWorkersUnconfirmedError(ShardMoveError):
+    """The move reached the deletion of the source's rows without the operator's word that
+    no process routes with a static worker ID (``assume_no_static_workers``)."""
 
 
 class MoveStoppedError(ShardMoveError):
@@ -224,6 +233,12 @@ class ShardMover:
     the map's; ``tables`` are the sharded tables (names or :class:`MovedTable`), parents first.
     ``subscription_conninfo`` optionally gives, per source name, the connection string the
     target's subscription reaches it with (default: the source's URL as given).
+
+    ``assume_no_static_workers`` is the operator's word that no process routes with a static
+    worker ID (or without any lease): the cleanup barrier sees leases only, so without it a move
+    stops after its barrier and cleanup, before deleting the source's rows of the shard
+    (:data:`STATIC_WORKERS_STEP`); resume it with the option once every such process routes
+    with the new map.
     """
 
     def __init__(
@@ -246,6 +261,7 @@ class ShardMover:
         lock_timeout_ms: int = 100,
         fence_attempts: int = 50,
         progress_every_s: float = 2.0,
+        assume_no_static_workers: bool = False,
     ) -> None:
         self.layout = require_layout(layout)
         if self.layout.shard_bits == 0:
@@ -280,6 +296,10 @@ class ShardMover:
         self.lock_timeout_ms = lock_timeout_ms
         self.fence_attempts = fence_attempts
         self.progress_every_s = float(progress_every_s)
+        if not isinstance(assume_no_static_workers, bool):
+            raise InvalidArgumentTypeError(
+                f"assume_no_static_workers must be True or False, not {assume_no_static_workers!r}")
+        self.assume_no_static_workers = assume_no_static_workers
         self.map_tables = shard_map_tables_for(schema)
         self.engine, self._owns_engine = control_engine(control)
 
@@ -768,6 +788,14 @@ class _Run:
         self.journal.done("cleanup", {"done": report.done})
 
     def do_delete_source_rows(self) -> None:
+        if not self.mover.assume_no_static_workers:
+            version = self.journal.record().flipped_version
+            raise StaticWorkersUnconfirmedError(
+                f"the source's rows of shard {self.record.shard} stay on {self.record.source}: "
+                f"processes with static worker IDs (or no lease) are invisible to the barrier, "
+                f"so nothing says they route with map version {version}; once none runs, or "
+                f"each has reloaded the map, resume with --assume-no-static-workers "
+                f"(ShardMover(assume_no_static_workers=True))")
         deleted = self.backend.delete_source_rows(batch_size=self.mover.batch_size)
         self.journal.done("delete_source_rows", {"deleted": deleted})
         self.emit("delete_source_rows", f"deleted {deleted} rows of shard {self.record.shard} "

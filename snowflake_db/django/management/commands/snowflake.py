@@ -93,6 +93,7 @@ class Command(BaseCommand):
                 parser.add_argument("--to", default=None, metavar="ALIAS")
                 parser.add_argument("--lease-seconds", type=float, default=30.0)
                 parser.add_argument("--barrier-timeout", type=float, default=300.0)
+                parser.add_argument("--assume-no-static-workers", action="store_true")
         parsers["init"].add_argument("--assign", action="append", default=[], metavar="ALIAS")
         parsers["show"].add_argument("--move", type=int, default=None, metavar="ID")
         parsers["show"].add_argument("--json", action="store_true")
@@ -333,7 +334,9 @@ class Command(BaseCommand):
             with shards.mover(control, targets, tables, schema=None,
                               lease_s=options["lease_seconds"],
                               barrier_timeout_s=options["barrier_timeout"],
-                              layout=conf.layout) as mover:
+                              layout=conf.layout,
+                              assume_no_static_workers=options["assume_no_static_workers"],
+                              ) as mover:
                 if verb == "plan":
                     shards.plan(mover, shard=options["shard"], to=options["to"],
                                 balance=options["balance"], as_json=options["json"],
