@@ -187,6 +187,25 @@ class ShardMoveError(ShardingError):
     """A shard move that cannot start or go on; the message names the check and the fix."""
 
 
+class MoverLeaseLostError(ShardMoveError):
+    """Another mover took this move over (a forced resume): this one stops writing."""
+
+
+class StaticWorkersUnconfirmedError(ShardMoveError):
+    """The move reached the deletion of the source's rows without the operator's word that
+    no process routes with a static worker ID (``assume_no_static_workers``)."""
+
+
+class MoveStoppedError(ShardMoveError):
+    """A move stopped at a step (the cause is chained); it can be resumed or, before the flip,
+    aborted. ``move_id`` and ``step`` say where."""
+
+    def __init__(self, message: str, *, move_id: int, step: str) -> None:
+        super().__init__(message)
+        self.move_id = move_id
+        self.step = step
+
+
 # -- command line -----------------------------------------------------------------------------
 
 

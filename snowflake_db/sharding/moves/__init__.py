@@ -12,6 +12,7 @@ mover died. The journal, the shard map and the flip belong to the orchestration;
 Needs psycopg 3 (the ``postgres`` extra).
 """
 
+from ...errors import MoverLeaseLostError, MoveStoppedError, StaticWorkersUnconfirmedError
 from ._connections import Endpoint
 from ._driver import MOVE_STEPS, run_move_steps, wait_until
 from ._postgres import (
@@ -38,12 +39,9 @@ from .mover import (
     MovePlan,
     MoveProgress,
     MoveRecord,
-    MoverLeaseLostError,
     MoveStatus,
-    MoveStoppedError,
     ProposedMove,
     ShardMover,
-    StaticWorkersUnconfirmedError,
 )
 
 __all__ = [

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from ...errors import ShardMoveError
+from ...errors import MoverLeaseLostError, ShardMoveError
 from ...worker._store import db_now_ms
 from ..shard_map import DETAIL_LENGTH, ShardMapTables
 
@@ -32,9 +32,6 @@ FLIPPED_STATES = frozenset({"flipped", "barrier", "cleaning", "done"})
 #: States of a move that has ended (``active_shard`` is NULL).
 ENDED_STATES = frozenset({"done", "aborted"})
 
-
-class MoverLeaseLostError(ShardMoveError):
-    """Another mover took this move over (a forced resume): this one stops writing."""
 
 
 @dataclass(frozen=True)

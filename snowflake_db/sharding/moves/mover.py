@@ -35,7 +35,10 @@ from sqlalchemy.engine import URL, make_url
 from ...errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
+    MoverLeaseLostError,
+    MoveStoppedError,
     ShardMoveError,
+    StaticWorkersUnconfirmedError,
     UnknownShardError,
 )
 from ...layout import Layout, require_layout
@@ -57,7 +60,6 @@ from ._journal import (
     JournalRow,
     LeaseKeeper,
     MoveRecord,
-    MoverLeaseLostError,
     active_move,
     already_moving,
     create_move,
@@ -108,19 +110,6 @@ _OLD_FENCE = re.compile(r"^sfdb_fence_(\d+)_[wdt]$")
 Target = str | URL | Engine
 
 
-class StaticWorkersUnconfirmedError(ShardMoveError):
-    """The move reached the deletion of the source's rows without the operator's word that
-    no process routes with a static worker ID (``assume_no_static_workers``)."""
-
-
-class MoveStoppedError(ShardMoveError):
-    """A move stopped at a step (the cause is chained); it can be resumed or, before the flip,
-    aborted. ``move_id`` and ``step`` say where."""
-
-    def __init__(self, message: str, *, move_id: int, step: str) -> None:
-        super().__init__(message)
-        self.move_id = move_id
-        self.step = step
 
 
 @dataclass(frozen=True)
