@@ -342,10 +342,10 @@ class ShardRouter:
         return splitmix64(value) % self.logical_shards
 
     def target_for_key(self, key: ShardKey) -> str:
-        return self._mapping[self.shard_for_key(key)]
+        return self.target_of_shard(self.shard_for_key(key))
 
     def target_for_id(self, snowflake_id: int) -> str:
-        return self._mapping[self.shard_of_id(snowflake_id)]
+        return self.target_of_shard(self.shard_of_id(snowflake_id))
 
     def fan_out(self) -> FanOut:
         """The targets a query without a shard key reads. A fixed router's targets hold only
@@ -585,6 +585,8 @@ class ControlledShardRouter(ShardRouter):
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._next_check = monotonic() + self.refresh_s
+        #: when the last check that succeeded began (monotonic; 0: none in this process yet)
+        self._checked_from = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -641,6 +643,41 @@ class ControlledShardRouter(ShardRouter):
         self._check(force=True)
         return self.version
 
+    def target_of_shard(self, shard: int) -> str:
+        """The target holding logical ``shard``. A shard that is not ``serving`` can flip to
+        its new target at any moment: it is routed with the map as of this call (one version
+        read of the control database, shared by the calls that wait for it), so a read never
+        looks on the old target for an order acknowledged on the new one. A move publishes the
+        ``moving`` state and waits until every leased process has seen it before it flips."""
+        self._check_shard(shard)
+        self._follow()
+        shard_map = self._snapshot.map
+        if shard_map is not None and shard_map.rows[shard].state != "serving":
+            self._check_since(monotonic())
+        return self._snapshot.mapping[shard]
+
+    def _check_since(self, since: float) -> None:
+        """Make sure a check that began at ``since`` or later has finished: run one, or take the
+        one another thread began meanwhile. A failed check is logged and the current map stays
+        (writes are still refused by the move's fence)."""
+        with self._lock:
+            if self._checked_from >= since:
+                return
+            began = monotonic()
+            try:
+                self._reload_if_changed()
+                self.last_error = None
+            except Exception as error:
+                self.last_error = error
+                logger.warning(
+                    "snowflake_db: checking the shard map for a moving shard failed (%s: %s); "
+                    "routing with version %s", type(error).__name__, error,
+                    self._snapshot.map and self._snapshot.map.version,
+                )
+                return
+            self._checked_from = began
+            self._next_check = began + self.refresh_s
+
     def refresh_after_miss(self) -> bool:
         """A read by ID, key or public number found nothing: check the map's version now (one
         primary-key read of the control database) and return whether it changed, so the caller
@@ -675,6 +712,7 @@ class ControlledShardRouter(ShardRouter):
             self._next_check = now + self.refresh_s
             try:
                 self._reload_if_changed()
+                self._checked_from = now
                 self.last_error = None
             except Exception as error:
                 self.last_error = error
@@ -788,7 +826,11 @@ class ControlledShardRouter(ShardRouter):
         logical shards unless it serves all of them: a moved shard's rows stay on its source
         until the move's cleanup, and must not be read there twice (or at all once the map
         names the new target)."""
-        mapping = self._mapping  # one snapshot: targets and filters agree
+        self._follow()
+        shard_map = self._snapshot.map
+        if shard_map is not None and any(row.state != "serving" for row in shard_map.rows.values()):
+            self._check_since(monotonic())  # a moving shard: the map as of this call
+        mapping = self._snapshot.mapping  # one snapshot: targets and filters agree
         by_target: dict[str, list[int]] = {}
         for shard in sorted(mapping):
             by_target.setdefault(mapping[shard], []).append(shard)

@@ -414,6 +414,33 @@ def test_a_stale_router_writes_through_the_fence_and_reads_never_miss(
                 engine.dispose()
 
 
+def test_a_router_that_saw_the_shard_moving_routes_it_by_the_map_of_each_call(
+    clusters: Clusters,
+) -> None:
+    """Reads by customer find nothing to miss: a router that has seen the shard ``moving``
+    checks the map at each call that routes it, so right after the flip it names the new
+    target although its own refresh is an hour away."""
+    with make_setup(clusters, prefix="fseen") as setup:
+        router = ControlledShardRouter(setup.control, layout=LAYOUT, refresh_s=3600,
+                                       background=False)
+        try:
+            seen: list[str] = []
+
+            def progress(event: Any) -> None:
+                if event.step == "announce" and not seen:
+                    router.refresh()  # its last look at the map by itself
+                    seen.append(router.state_of(SHARD))
+
+            setup.mover().move(SHARD, "b", progress=progress)
+            assert seen == ["moving"]
+            assert router.target_of_shard(SHARD) == "b"
+            assert router.state_of(SHARD) == "serving"
+            # Once serving again, the shard is routed by the refresh interval as before.
+            assert router.target_of_shard(SHARD - 1) == "a"
+        finally:
+            router.close()
+
+
 def test_a_fixed_router_never_refreshes_after_a_miss() -> None:
     from snowflake_db.sharding import ShardRouter
 

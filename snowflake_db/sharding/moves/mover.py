@@ -92,6 +92,7 @@ FORWARD_STEPS: tuple[tuple[str, str | None], ...] = (
     ("capture", "capturing"),
     ("copy", "copying"),
     ("catch_up", "catching_up"),
+    ("announce", "catching_up"),  # every leased router has seen the shard "moving"
     ("fence", "fenced"),
     ("drain", "drained"),
     ("verify", "verified"),
@@ -752,9 +753,27 @@ class _Run:
         self.emit("flip", f"shard {self.record.shard} now served by {self.record.target} "
                           f"(map version {version})", version=version)
 
+    def do_announce(self) -> None:
+        """Before the fence: every leased process routes with a map in which the shard is
+        ``moving`` (or its lease lapsed). Such a router checks the map at each call that routes
+        the shard, so after the flip none reads the old copy, which misses the orders written
+        on the new target (the copy has taken longer than a router's refresh, usually: this
+        rarely waits)."""
+        version = read_shard_map(self.mover.engine, schema=self.mover.schema).rows[
+            self.record.shard].since_version
+        self.emit("announce", f"every leased process to route with map version {version} "
+                              f"(shard {self.record.shard} moving)", version=version)
+        self._wait_for_barrier(version, "announce")
+        self.journal.done("announce", {"version": version})
+
     def do_barrier(self) -> None:
         version = self.journal.record().flipped_version
         assert version is not None
+        self._wait_for_barrier(version, "barrier")
+        self.journal.done("barrier", {"version": version})
+
+    def _wait_for_barrier(self, version: int, step: str) -> None:
+        """Until every live lease has reported map ``version`` or later, or lapsed."""
         waiting: list[int] = []
 
         def passed() -> bool:
@@ -764,10 +783,9 @@ class _Run:
             return not waiting
 
         self.wait(passed, timeout_s=self.mover.barrier_timeout_s,
-                  what=f"the barrier (every live lease routing with map version {version})",
+                  what=f"every live lease routing with map version {version}",
                   describe=lambda: f"waiting for worker IDs {waiting[:20]} to report map "
-                                   f"version {version}", step="barrier")
-        self.journal.done("barrier", {"version": version})
+                                   f"version {version}", step=step)
 
     def do_cleanup(self) -> None:
         report = self.backend.cleanup()
