@@ -7,7 +7,12 @@ set up by ``tests/plugins/readme.py``). Here:
 * ``snowflake-db`` commands run, as written, in the test venv; the placeholder control database
   ``postgresql+psycopg://app@db/control`` is a scratch PostgreSQL database holding a live, an
   expired and a reserved worker slot, as in the README's sample output. Output shown under a
-  command must match what it prints (``parse`` exactly, others after digits are normalised).
+  command must match what it prints (``parse`` exactly, others after digits are normalised;
+  for a move, which prints progress as it goes, each shown line in order among what it prints).
+* ``export NAME=URL`` sets a variable for the block's later commands (``$NAME``); the URL must be
+  a placeholder this test stands in for: the control database above, or the shard-move
+  examples' control database and two servers (``SHARD_SERVER_URLS``), which are throwaway
+  PostgreSQL clusters with ``wal_level = logical``, started only when a block exports them.
 * Other commands are checked: make targets exist, extras and the wheel name match
   ``pyproject.toml``, the options given to gunicorn, uvicorn and Celery are in their ``--help``,
   Django management sub-commands exist, environment variables are the library's.
@@ -54,9 +59,21 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 #: Variables a README command may set: the library's, and the examples' own.
 KNOWN_VARIABLES = {
     WORKER_URL_ENV, WORKER_ID_ENV, "DATABASE_URL", "CONTROL_URL", "SNOWFLAKE_DB_PUBLIC_ID_KEYS",
+    "PG_A", "PG_B",
+}
+#: The shard-move examples' control database and servers (docs/sharding/growing.md), and the
+#: database each stands for: ``control`` (with the worker table), and ``shop`` on two throwaway
+#: clusters (``wal_level = logical``) with the tables ``orders`` and ``order_items``.
+SHARD_SERVER_URLS = {
+    "postgresql+psycopg://app@ctl/control": "control",
+    "postgresql+psycopg://app@pg-a/shop": "pg_a",
+    "postgresql+psycopg://app@pg-b/shop": "pg_b",
 }
 #: Commands whose output changes from run to run: compare after digits are normalised.
 VARYING = ("generate", "bench", "workers", "doctor", "--version", "layout", "public")
+#: Commands printing progress as they go (a slow step adds a line every few seconds): each
+#: shown line must be printed, in that order, after digits and WAL positions are normalised.
+PROGRESSING = ("move",)
 
 
 @dataclass
@@ -117,7 +134,10 @@ def test_every_block_is_python_console_or_yaml_and_none_is_skipped() -> None:
 
 def _words(line: str, *, varying: bool) -> list[str]:
     words = line.split()
-    return [re.sub(r"\d+", "N", word) for word in words] if varying else words
+    if not varying:
+        return words
+    # A WAL position (LSN, such as 0/1EEE000) is hexadecimal: one N, as any number.
+    return [re.sub(r"\d+", "N", re.sub(r"\b[0-9A-F]+/[0-9A-F]+\b", "N", word)) for word in words]
 
 
 def _split_environment(words: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -219,13 +239,53 @@ def control_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         drop_database(database)
 
 
+@pytest.fixture(scope="module")
+def shard_servers() -> Iterator[dict[str, str]]:
+    """The shard-move examples' databases by ``SHARD_SERVER_URLS`` name: ``shop`` on a source
+    and a target cluster (``tests/plugins/shard_moves.py``: one initdb, ``wal_level = logical``,
+    stopped by PID at the end) with the same tables, rows only on the source, and a control
+    database with the worker table, whose leases a move's barrier reads."""
+    from snowflake_db.worker import TableWorkerAllocator
+
+    from ..plugins.shard_moves import DDL, LOAD, start_clusters
+
+    with start_clusters() as clusters:
+        for cluster in (clusters.source, clusters.target):
+            cluster.create_database("shop")
+            cluster.execute(*DDL, database="shop")
+        clusters.source.execute(*LOAD, database="shop")
+        clusters.source.create_database("control")
+        with TableWorkerAllocator(clusters.source.url("control")) as workers:
+            workers.create_tables()
+        yield {"control": clusters.source.url("control"), "pg_a": clusters.source.url("shop"),
+               "pg_b": clusters.target.url("shop")}
+
+
+def _export(words: list[str], request: pytest.FixtureRequest, where: str) -> dict[str, str]:
+    """``export NAME=URL ...``: each URL a placeholder, given as the database it stands for."""
+    exported = {}
+    for word in words[1:]:
+        name, equals, value = word.partition("=")
+        assert equals and name in KNOWN_VARIABLES, f"{where}: export {word!r}"
+        if value == PLACEHOLDER_URL:
+            exported[name] = request.getfixturevalue("control_database")
+        elif value in SHARD_SERVER_URLS:
+            exported[name] = request.getfixturevalue("shard_servers")[SHARD_SERVER_URLS[value]]
+        else:
+            pytest.fail(f"{where}: {name}={value!r} is no placeholder this test can stand in for")
+    return exported
+
+
 def _run_snowflake_db(command: Command, control_url: Callable[[], str], where: str,
-                      tmp_path: Path) -> None:
+                      tmp_path: Path, exported: dict[str, str]) -> None:
     text = command.text
     if PLACEHOLDER_URL in text:
         text = text.replace(PLACEHOLDER_URL, control_url())
+    used = set(re.findall(r"\$\{?([A-Z_][A-Z0-9_]*)", text))
+    assert used <= set(exported), f"{where}: ${sorted(used - set(exported))} is not exported"
     environment = {key: value for key, value in os.environ.items()
                    if key not in (WORKER_URL_ENV, WORKER_ID_ENV)}
+    environment.update(exported)
     environment["PATH"] = f"{BIN}{os.pathsep}{environment['PATH']}"
     result = subprocess.run(["bash", "-o", "pipefail", "-c", text], capture_output=True,
                             text=True, timeout=120, check=False, env=environment, cwd=tmp_path)
@@ -234,7 +294,16 @@ def _run_snowflake_db(command: Command, control_url: Callable[[], str], where: s
     if not command.output:
         return
     actual = result.stdout.splitlines()
-    varying = any(word in text.split() for word in VARYING)
+    words = shlex.split(text, comments=True)
+    if any(word in words for word in PROGRESSING):
+        printed = iter([_words(line, varying=True) for line in actual])
+        for expected in command.output:
+            assert _words(expected, varying=True) in printed, (
+                f"{where}: the page shows {expected!r}, which the command did not print (in "
+                f"this order, digits aside):\n" + "\n".join(actual)
+            )
+        return
+    varying = any(word in words for word in VARYING)
     shown = command.output if not varying else command.output[:1]
     for expected, got in zip(shown, actual, strict=False):
         assert _words(expected, varying=varying) == _words(got, varying=varying), (
@@ -249,6 +318,7 @@ def _console_blocks() -> list[Any]:
 
 @pytest.mark.parametrize("block", _console_blocks())
 def test_console_block(block: Block, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    exported: dict[str, str] = {}
     for command in block.commands:
         where = f"{block.path.relative_to(REPO)}:{command.line}: {command.text}"
         words = shlex.split(command.text, comments=True)
@@ -256,7 +326,10 @@ def test_console_block(block: Block, request: pytest.FixtureRequest, tmp_path: P
         assert set(environment) <= KNOWN_VARIABLES, f"{where}: {set(environment)}"
         if words[0] == "snowflake-db":
             _run_snowflake_db(command, lambda: request.getfixturevalue("control_database"),
-                              where, tmp_path)
+                              where, tmp_path, exported)
+        elif words[0] == "export":
+            assert not command.output and not environment, where
+            exported.update(_export(words, request, where))
         else:
             assert not command.output, f"{where}: output shown for a command not run here"
             _check_other(words, where)
