@@ -507,7 +507,7 @@ def test_first_pass_catches_a_mismatch_before_the_fence(pair: Pair) -> None:
     with pair.connect("target") as conn:
         conn.execute(f"DELETE FROM order_items WHERE id = (SELECT max(id) FROM order_items "
                      f"WHERE (id & {MASK}) = {shard})")
-    with pytest.raises(VerificationMismatchError, match="verify_before_fence: .*order_items"
+    with pytest.raises(VerificationMismatchError, match=r"verify_before_fence: .*order_items"
                        ) as mismatch:
         backend.verify_before_fence(timeout_s=STEP_TIMEOUT_S)
     found = mismatch.value.verification
