@@ -492,8 +492,9 @@ def test_shards_init_and_show(setup: Setup, capsys: pytest.CaptureFixture[str]) 
 def test_move_stopped_by_a_failing_step_exits_1_and_can_be_aborted(
     setup: Setup, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A blocker holds the fence's lock past its budget: the move stops (exit 1, one line
-    naming the move and the step), then the abort undoes it."""
+    """A blocker holds the lock of the change tracking (the verification's first pass, at the
+    end of catch_up; the same SHARE ROW EXCLUSIVE as the fence) past its budget: the move
+    stops (exit 1, one line naming the move and the step), then the abort undoes it."""
     shard = 9
     # A lock like a writer's, without a transaction ID (a write would also hold up the slot's
     # creation, which waits for running write transactions).
@@ -503,11 +504,12 @@ def test_move_stopped_by_a_failing_step_exits_1_and_can_be_aborted(
         with pytest.raises(MoveStoppedError) as stopped:
             mover.move(shard, "b")
         blocker.rollback()
-    assert stopped.value.step == "fence" and "resume or abort" in str(stopped.value)
+    assert stopped.value.step == "catch_up" and "resume or abort" in str(stopped.value)
+    assert "change tracking's lock on the source" in str(stopped.value)
     move_id = stopped.value.move_id
     record = mover.status(move_id)
     assert record.move.mover_token is None  # released: no wait for a lease
-    assert ("fence", "failed") in [(r.step, r.status) for r in record.journal]
+    assert ("catch_up", "failed") in [(r.step, r.status) for r in record.journal]
     assert main(setup.cli_move("--abort", str(move_id))) == 0
     assert setup.map_of(shard) == ("a", "serving")
     setup.pair.assert_nothing_left()
@@ -518,7 +520,7 @@ def test_move_stopped_by_a_failing_step_exits_1_and_can_be_aborted(
         status = main(setup.cli_move("--shard", str(shard), "--to", "b"))
         blocker.rollback()
     err = capsys.readouterr().err
-    assert status == 1 and err.count("\n") == 1 and "stopped at step fence" in err, err
+    assert status == 1 and err.count("\n") == 1 and "stopped at step catch_up" in err, err
     again = mover.moves(limit=1)[0]
     assert f"move {again.id} of shard {shard}" in err
     mover.abort(again.id)

@@ -22,7 +22,7 @@ from sqlalchemy import create_engine
 
 from example_project import local_servers
 from snowflake_db import Layout
-from snowflake_db.errors import InvalidArgumentTypeError, ShardMoveError
+from snowflake_db.errors import InvalidArgumentError, InvalidArgumentTypeError, ShardMoveError
 from snowflake_db.sharding.moves import (
     FENCE_SQLSTATE,
     MOVE_STEPS,
@@ -119,7 +119,14 @@ def test_full_move_carries_every_acknowledged_write_exactly_once(pair: Pair) -> 
     assert pair.rows("target", "order_items", shard) == pair.rows("source", "order_items", shard)
     verification = results["verify"]
     assert verification.source == verification.target
-    assert verification.source["orders"].rows == len(on_source)
+    # Two passes: before the fence every row but the written ones, after the drain only those.
+    first = results["pre_verify"]
+    assert first.scope == "before_fence" and first.source == first.target
+    assert verification.scope == "changed"
+    assert 0 < verification.source["orders"].rows <= verification.changed["orders"]
+    assert (first.source["orders"].rows + verification.source["orders"].rows
+            >= len(on_source))
+    items = len(pair.rows("source", "order_items", shard))
 
     # Cleaned: only the fence stays; then the source's copy of the shard goes.
     assert results["cleanup"].source_pending is False
@@ -128,7 +135,7 @@ def test_full_move_carries_every_acknowledged_write_exactly_once(pair: Pair) -> 
     pair.assert_nothing_left()
     others_before = pair.count("source", f"SELECT count(*) FROM orders WHERE (id & {MASK}) <> 5")
     deleted = backend.delete_source_rows(batch_size=100)
-    assert deleted == len(on_source) + verification.source["order_items"].rows
+    assert deleted == len(on_source) + items
     assert pair.rows("source", "orders", shard) == {}
     assert pair.rows("source", "order_items", shard) == {}
     assert pair.count("source", f"SELECT count(*) FROM orders WHERE (id & {MASK}) <> 5") == (
@@ -357,6 +364,7 @@ LEFT_AFTER: dict[str, tuple[bool, bool, bool]] = {  # publication+slot, subscrip
     "copy": (True, True, False),
     "synced": (True, True, False),
     "caught_up": (True, True, False),
+    "pre_verify": (True, True, False),
     "fence": (True, True, True),
     "drained": (True, True, True),
     "verify": (True, True, True),
@@ -439,18 +447,23 @@ def test_verify_detects_a_tampered_row_on_the_target(pair: Pair) -> None:
     with pair.connect("source") as source, pair.connect("target") as target:
         backend = pair.backend(shard=shard, source=source, target=target)
         results = run_move_steps(backend, timeout_s=STEP_TIMEOUT_S, stop_after="verify")
-        clean = results["verify"]
-        assert clean.source == clean.target and clean.source["orders"].rows == 188
+        first, clean = results["pre_verify"], results["verify"]
+        assert first.source == first.target and first.source["orders"].rows == 188
+        # Nothing written since the first pass: the second compares no row at all.
+        assert clean.scope == "changed" and clean.changed == {"orders": 0, "order_items": 0}
+        assert clean.source == clean.target and clean.source["orders"].rows == 0
         victim = min(pair.rows("target", "orders", shard))
         target.execute("UPDATE orders SET status = 'tampered' WHERE id = %s", (victim,))
         with pytest.raises(VerificationMismatchError) as mismatch:
             backend.verify()
         found = mismatch.value.verification
-        assert found.source["orders"].rows == found.target["orders"].rows
+        assert found.scope == "changed" and found.changed["orders"] == 1
+        assert found.source["orders"].rows == found.target["orders"].rows == 1
         assert found.source["orders"] != found.target["orders"]
         assert found.source["order_items"] == found.target["order_items"]
         message = str(mismatch.value)
-        assert "orders: source (188, " in message and "order_items" not in message
+        assert "(changed rows)" in message
+        assert "orders: source (1, " in message and "order_items" not in message
         target.execute("UPDATE orders SET status = 'new' WHERE id = %s", (victim,))
         backend.verify()  # repaired
         target.execute(f"DELETE FROM order_items WHERE id = (SELECT min(id) FROM order_items "
@@ -483,3 +496,90 @@ def test_errors_name_the_server_but_never_the_password(pair: Pair) -> None:
     backend.cleanup()
     assert backend.leftovers() == Leftovers()
     pair.assert_nothing_left()
+
+
+def test_first_pass_catches_a_mismatch_before_the_fence(pair: Pair) -> None:
+    """A row that differs before the change tracking starts is caught by the first pass,
+    while the shard is still served (no fence): the move stops with nothing paused."""
+    shard = 6
+    backend = pair.backend(shard=shard)
+    run_move_steps(backend, timeout_s=STEP_TIMEOUT_S, stop_after="caught_up")
+    with pair.connect("target") as conn:
+        conn.execute(f"DELETE FROM order_items WHERE id = (SELECT max(id) FROM order_items "
+                     f"WHERE (id & {MASK}) = {shard})")
+    with pytest.raises(VerificationMismatchError, match=r"verify_before_fence: .*order_items"
+                       ) as mismatch:
+        backend.verify_before_fence(timeout_s=STEP_TIMEOUT_S)
+    found = mismatch.value.verification
+    assert found.scope == "before_fence"
+    assert found.source["order_items"].rows == found.target["order_items"].rows + 1
+    assert len(backend.leftovers().fence_triggers) == 0
+    # Without the first pass's mark the second pass compares every row.
+    fenced = backend.fence()
+    wait_until(lambda: backend.drained(fenced.lsn), timeout_s=STEP_TIMEOUT_S, what="drain")
+    with pytest.raises(VerificationMismatchError) as again:
+        backend.verify()
+    assert again.value.verification.scope == "full"
+    backend.unfence()
+    backend.cleanup()
+    backend.delete_target_rows()
+    assert backend.leftovers() == Leftovers()
+
+
+def test_second_pass_compares_every_row_once_the_tracking_is_broken(pair: Pair) -> None:
+    """A tracking trigger dropped (or disabled) between the passes: the changed rows are no
+    longer known, so the second pass falls back to comparing every row of the shard."""
+    shard = 7
+    backend = pair.backend(shard=shard)
+    run_move_steps(backend, timeout_s=STEP_TIMEOUT_S, stop_after="drained")
+    assert backend.verify().scope == "changed"
+    with pair.connect("target") as conn:
+        conn.execute(f"ALTER TABLE orders DISABLE TRIGGER sfdb_track_{backend.move_id}_u")
+        conn.execute(f"UPDATE orders SET note = 'untracked' WHERE id = (SELECT min(id) FROM "
+                     f"orders WHERE (id & {MASK}) = {shard})")
+    with pytest.raises(VerificationMismatchError) as mismatch:
+        backend.verify()
+    assert mismatch.value.verification.scope == "full"
+    assert len(backend.leftovers().verify_objects) == 2 * (2 * 4 + 1)
+    backend.unfence()
+    backend.cleanup()
+    backend.delete_target_rows()
+    assert backend.leftovers() == Leftovers()
+
+
+def test_delete_rows_scans_each_table_once_not_once_per_batch(pair: Pair) -> None:
+    """Many batches (10 rows each), yet each table is scanned twice in all: the cursor that
+    reads the shard's IDs and the confirming scan; other shards' rows stay."""
+    shard = 8
+    backend = pair.backend(shard=shard)
+    run_move_steps(backend, timeout_s=STEP_TIMEOUT_S)
+    rows = {t: len(pair.rows("source", t, shard)) for t in ("orders", "order_items")}
+    others = pair.count("source", f"SELECT count(*) FROM orders WHERE (id & {MASK}) <> {shard}")
+    assert min(rows.values()) > 100  # at least 11 batches per table
+
+    def seq_scans() -> dict[str, int]:
+        with pair.connect("source") as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            return {r[0]: r[1] for r in conn.execute(
+                "SELECT relname::text, seq_scan FROM pg_stat_user_tables "
+                "WHERE relname IN ('orders', 'order_items')")}
+
+    with pair.connect("source") as conn:  # else each deleted order scans its items (the FK)
+        conn.execute("CREATE INDEX ON order_items (order_id)")
+    before = seq_scans()
+    deleted = backend.delete_source_rows(batch_size=10, pause_ratio=0.0)
+    assert deleted == sum(rows.values())
+    after: dict[str, int] = {}
+
+    def flushed() -> bool:
+        after.update(seq_scans())
+        return all(after[t] - before[t] >= 2 for t in before)
+
+    wait_until(flushed, timeout_s=10, what="the deleting session's statistics")
+    assert {t: after[t] - before[t] for t in before} == {"orders": 2, "order_items": 2}
+    assert pair.rows("source", "orders", shard) == {} == pair.rows("source", "order_items", shard)
+    assert pair.count("source", f"SELECT count(*) FROM orders WHERE (id & {MASK}) <> {shard}"
+                      ) == others
+    assert backend.delete_source_rows(batch_size=10) == 0  # rerunnable
+    with pytest.raises(InvalidArgumentError, match="pause_ratio -1"):
+        backend.delete_source_rows(pause_ratio=-1)

@@ -3,7 +3,8 @@
 The production mover journals each step in the control database and flips the shard map
 between ``verify`` and ``cleanup``; this driver does neither. It proves the path: check,
 capture, copy, wait until the copy is ready, wait until the lag is small, fence, wait for the
-drain, verify, cleanup.
+first pass of the verification (before the fence), drain, verify (the second pass: only the
+rows written since the first), cleanup.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from ...errors import ShardMoveError
 from ._postgres import PostgresMoveBackend
 
 #: The steps of :func:`run_move_steps`, in order (``stop_after`` takes one of them).
-MOVE_STEPS = ("check", "capture", "copy", "synced", "caught_up", "fence", "drained", "verify",
-              "cleanup")
+MOVE_STEPS = ("check", "capture", "copy", "synced", "caught_up", "pre_verify", "fence",
+              "drained", "verify", "cleanup")
 
 
 def wait_until(predicate: Callable[[], bool], *, timeout_s: float, what: str,
@@ -67,6 +68,7 @@ def run_move_steps(
                                      timeout_s=timeout_s, what="initial copy ready",
                                      describe=backend.copy_progress),
         "caught_up": caught_up,
+        "pre_verify": lambda: backend.verify_before_fence(timeout_s=timeout_s),
         "fence": fence,
         "drained": lambda: wait_until(lambda: backend.drained(fence_lsn[0]),
                                       timeout_s=timeout_s,

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,36 @@ BEGIN
         MESSAGE = format('shard %s of %s moved to %s', TG_ARGV[0], TG_TABLE_NAME, TG_ARGV[1]),
         DETAIL = format('shard=%s target=%s move=%s', TG_ARGV[0], TG_ARGV[1], TG_ARGV[2]),
         HINT = 'reload the shard map and retry the transaction';
+END
+"""
+#: The function of the two-pass verification's change-tracking triggers; its arguments are
+#: the change log (qualified), the moved table's name and its ID column.
+TRACK_FUNCTION = "sfdb_track_change"
+#: The change tracking's four triggers: INSERT, UPDATE, DELETE (rows), TRUNCATE (statement).
+TRACK_SUFFIXES = ("i", "u", "d", "t")
+#: The change log's row saying the first pass (before the fence) found both sides equal.
+PASS1_MARK = "*pass1"
+
+_TRACK_BODY = """
+DECLARE
+    changed bigint;
+BEGIN
+    IF TG_LEVEL = 'STATEMENT' THEN  -- TRUNCATE: every row changed
+        EXECUTE format('INSERT INTO %s (tbl, id) VALUES ($1, NULL)', TG_ARGV[0])
+            USING TG_ARGV[1];
+        RETURN NULL;
+    END IF;
+    IF TG_OP <> 'INSERT' THEN
+        EXECUTE format('SELECT ($1).%I', TG_ARGV[2]) INTO changed USING OLD;
+        EXECUTE format('INSERT INTO %s (tbl, id) VALUES ($1, $2)', TG_ARGV[0])
+            USING TG_ARGV[1], changed;
+    END IF;
+    IF TG_OP <> 'DELETE' THEN
+        EXECUTE format('SELECT ($1).%I', TG_ARGV[2]) INTO changed USING NEW;
+        EXECUTE format('INSERT INTO %s (tbl, id) VALUES ($1, $2)', TG_ARGV[0])
+            USING TG_ARGV[1], changed;
+    END IF;
+    RETURN NULL;
 END
 """
 _TARGET_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,63}$")
@@ -571,40 +602,130 @@ class PostgresMoveBackend:
     # -- verify ------------------------------------------------------------------------------
 
     def verify(self) -> Verification:
-        """Both sides: columns, then per table the shard's row count, sum and bit_xor of
-        ``hashtextextended(row::text, 0)`` with the settings that shape ``row::text`` pinned.
-        Equal, or :class:`VerificationMismatchError` carrying both sides' results."""
+        """Both sides, after the drain: columns, then per table the shard's row count, sum and
+        bit_xor of ``hashtextextended(row::text, 0)`` with the settings that shape
+        ``row::text`` pinned. Equal, or :class:`VerificationMismatchError` carrying both
+        sides' results.
+
+        When :meth:`verify_before_fence` passed and the change tracking it started is intact
+        on both sides, only the rows written since it started are compared (``scope
+        "changed"``): the first pass compared every other row, and the tracking proves those
+        unchanged on both sides since. Otherwise every row (``scope "full"``).
+        """
         with self._source.session() as s, self._target.session() as t:
-            problems = []
-            for table in self.tables:
-                s_oid, t_oid = self._regclass(s, table), self._regclass(t, table)
-                if s_oid is None or t_oid is None:
-                    raise ShardMoveError(f"verify: table {table.name} is missing on the "
-                                         f"{'source' if s_oid is None else 'target'}")
-                s_cols, t_cols = self._columns(s, s_oid), self._columns(t, t_oid)
-                if s_cols != t_cols:
-                    problems.append(f"{table.name}: columns differ, source {s_cols}, "
-                                    f"target {t_cols}")
-            if problems:
-                raise ShardMoveError("verify: " + "; ".join(problems))
-            result = Verification(
-                source={table.name: self._checksum(s, table) for table in self.tables},
-                target={table.name: self._checksum(t, table) for table in self.tables},
-            )
+            self._compare_columns(s, t, "verify")
+            changed = self._changed_ids(s, t)
+            if changed is None:
+                result = Verification(
+                    source={table.name: self._checksum(s, table) for table in self.tables},
+                    target={table.name: self._checksum(t, table) for table in self.tables},
+                )
+            else:
+                with _snapshot(s), _snapshot(t):
+                    # Read again inside the snapshots: a row the target's log names is compared
+                    # as the snapshot sees it (the source's log is complete since the fence).
+                    changed = self._changed_ids(s, t)
+                    assert changed is not None
+                    result = Verification(
+                        source={tb.name: self._checksum(s, tb, only=changed[tb.name])
+                                for tb in self.tables},
+                        target={tb.name: self._checksum(t, tb, only=changed[tb.name])
+                                for tb in self.tables},
+                        scope="changed", changed={k: len(v) for k, v in changed.items()},
+                    )
+        self._raise_if_different(result, "verify")
+        return result
+
+    def verify_before_fence(self, *, timeout_s: float = 120.0) -> Verification:
+        """The first pass of the two-pass verification, while the shard is still written.
+
+        Starts change tracking on both sides (:meth:`_track`: triggers logging the ID of every
+        written row of the shard into ``sfdb_changes_<move id>``; target first), waits until
+        the target confirmed the source's WAL position read after the source's tracking
+        committed (everything written before the tracking is applied), then compares every
+        row of the shard that neither log names: the target's snapshot first, then the
+        source's, so every change the target has applied was logged on the source by then.
+        Equal: a mark in the source's log lets :meth:`verify` compare only the logged rows.
+        A mismatch is :class:`VerificationMismatchError` (nothing paused; abort possible).
+        """
+        with self._target.session() as t:
+            self._track(t, "target")
+        with self._source.session() as s:
+            self._source_oids(s, "verify_before_fence")
+            self._track(s, "source")
+            tracked_at = str(_one(s, "SELECT pg_current_wal_lsn()::text"))
+        deadline = time.monotonic() + timeout_s
+        while not self.drained(tracked_at):
+            if time.monotonic() > deadline:
+                raise ShardMoveError(
+                    f"verify_before_fence: the target did not confirm {tracked_at} in "
+                    f"{timeout_s:g} s (lag {self.lag()} bytes)")
+            time.sleep(0.02)
+        with self._source.session() as s, self._target.session() as t:
+            self._compare_columns(s, t, "verify_before_fence")
+            with _snapshot(t):
+                target_logged = self._logged(t)
+                with _snapshot(s):
+                    source_logged = self._logged(s)
+                    exclude = {tb.name: sorted(source_logged.get(tb.name, set())
+                                               | target_logged.get(tb.name, set()))
+                               for tb in self.tables}
+                    source = {tb.name: self._checksum(s, tb, exclude=exclude[tb.name])
+                              for tb in self.tables}
+                target = {tb.name: self._checksum(t, tb, exclude=exclude[tb.name])
+                          for tb in self.tables}
+            result = Verification(source=source, target=target, scope="before_fence",
+                                  changed={k: len(v) for k, v in exclude.items()})
+            self._raise_if_different(result, "verify_before_fence")
+            log = self._find_log(s)
+            assert log is not None
+            s.execute(sql.SQL("INSERT INTO {} (tbl, id) VALUES (%s, NULL)").format(log),
+                      (PASS1_MARK,))
+        return result
+
+    def _compare_columns(self, s: psycopg.Connection[Any], t: psycopg.Connection[Any],
+                         step: str) -> None:
+        problems = []
+        for table in self.tables:
+            s_oid, t_oid = self._regclass(s, table), self._regclass(t, table)
+            if s_oid is None or t_oid is None:
+                raise ShardMoveError(f"{step}: table {table.name} is missing on the "
+                                     f"{'source' if s_oid is None else 'target'}")
+            s_cols, t_cols = self._columns(s, s_oid), self._columns(t, t_oid)
+            if s_cols != t_cols:
+                problems.append(f"{table.name}: columns differ, source {s_cols}, "
+                                f"target {t_cols}")
+        if problems:
+            raise ShardMoveError(f"{step}: " + "; ".join(problems))
+
+    def _raise_if_different(self, result: Verification, step: str) -> None:
         different = [
             f"{name}: source {_triple(result.source[name])}, target {_triple(result.target[name])}"
             for name in result.source if result.source[name] != result.target[name]
         ]
         if different:
+            rows = "" if result.scope == "full" else f" ({result.scope} rows)"
             raise VerificationMismatchError(
-                f"verify: shard {self.shard} differs between source {self._source.description} "
-                f"and target {self._target.description} (rows, hash sum, hash xor): "
+                f"{step}: shard {self.shard} differs between source {self._source.description} "
+                f"and target {self._target.description}{rows} (rows, hash sum, hash xor): "
                 + "; ".join(different),
                 verification=result,
             )
-        return result
 
-    def _checksum(self, conn: psycopg.Connection[Any], table: MovedTable) -> TableChecksum:
+    def _checksum(self, conn: psycopg.Connection[Any], table: MovedTable, *,
+                  only: Sequence[int] | None = None,
+                  exclude: Sequence[int] = ()) -> TableChecksum:
+        """The shard's rows of ``table``; only the IDs ``only`` (by the primary key) when
+        given, without the IDs ``exclude``. Inside the caller's transaction when one is open."""
+        where = self._shard_filter(table, "r")
+        params: list[Any] = []
+        column = sql.Identifier("r", table.id_column)
+        if only is not None:
+            where = sql.SQL("{} = ANY (%s) AND {}").format(column, where)
+            params.append(list(only))
+        if exclude:
+            where = sql.SQL("{} AND NOT ({} = ANY (%s))").format(where, column)
+            params.append(list(exclude))
         with conn.transaction():
             for setting, value in _CHECKSUM_SETTINGS:
                 conn.execute(sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(setting),
@@ -612,9 +733,155 @@ class PostgresMoveBackend:
             row = conn.execute(sql.SQL(
                 """SELECT count(*), coalesce(sum(h::numeric), 0)::text, coalesce(bit_xor(h), 0)
                    FROM (SELECT hashtextextended(r::text, 0) AS h FROM {} AS r WHERE {}) AS x"""
-            ).format(self._table(table), self._shard_filter(table, "r"))).fetchone()
+            ).format(self._table(table), where), params).fetchone()
         assert row is not None
         return TableChecksum(rows=int(row[0]), hash_sum=str(row[1]), hash_xor=int(row[2]))
+
+    # -- change tracking (the two-pass verification) -----------------------------------------
+
+    @property
+    def change_log_name(self) -> str:
+        return f"sfdb_changes_{self.move_id}"
+
+    def track_names(self) -> list[str]:
+        return [f"sfdb_track_{self.move_id}_{suffix}" for suffix in TRACK_SUFFIXES]
+
+    def _find_log(self, conn: psycopg.Connection[Any]) -> sql.Composable | None:
+        """The change log of this move on ``conn``'s database, qualified, or None."""
+        row = conn.execute(
+            "SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = "
+            "c.relnamespace WHERE c.relname = %s AND c.relkind = 'r' ORDER BY 1 LIMIT 1",
+            (self.change_log_name,)).fetchone()
+        return None if row is None else sql.Identifier(row[0], self.change_log_name)
+
+    def _track_triggers(self, conn: psycopg.Connection[Any]) -> list[str]:
+        oids = [oid for t in self.tables if (oid := self._regclass(conn, t)) is not None]
+        rows = conn.execute(
+            "SELECT tgrelid::regclass::text || '.' || tgname FROM pg_trigger "
+            "WHERE tgrelid = ANY (%s) AND tgname = ANY (%s) AND tgenabled = 'A' ORDER BY 1",
+            (oids, self.track_names())).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def _tracking_complete(self, conn: psycopg.Connection[Any]) -> bool:
+        return (self._find_log(conn) is not None
+                and len(self._track_triggers(conn)) == len(self.tables) * len(TRACK_SUFFIXES))
+
+    def _track(self, conn: psycopg.Connection[Any], side: str) -> None:
+        """The change log and the tracking triggers on one side (``ENABLE ALWAYS``: the
+        target's apply worker runs as a replica and fires them too); rerunnable. The
+        triggers take SHARE ROW EXCLUSIVE, under ``lock_timeout`` like the fence."""
+        if self._tracking_complete(conn):
+            return
+        current = _one(conn, "SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure(%s)",
+                       (f"{TRACK_FUNCTION}()",))
+        if current != _TRACK_BODY:
+            conn.execute(sql.SQL(
+                "CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS {}"
+            ).format(sql.Identifier(TRACK_FUNCTION), sql.Literal(_TRACK_BODY)))
+        log = self._find_log(conn)
+        if log is None:
+            first = self._regclass(conn, self.tables[0])
+            schema = _one(conn, "SELECT relnamespace::regnamespace::text FROM pg_class "
+                                "WHERE oid = %s", (first,))
+            log = sql.Identifier(str(schema).strip('"'), self.change_log_name)
+            conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (tbl text NOT NULL, id bigint)"
+                                 ).format(log))
+        log_text = log.as_string(conn)
+        statements: list[sql.Composed] = []
+        i, u, d, tr = (sql.Identifier(n) for n in self.track_names())
+        for table in self.tables:
+            args = sql.SQL(", ").join(sql.Literal(v) for v in (log_text, table.name,
+                                                               table.id_column))
+            parts = {"t": self._table(table), "f": sql.Identifier(TRACK_FUNCTION), "a": args}
+            new, old = self._shard_filter(table, "new"), self._shard_filter(table, "old")
+            statements += [
+                sql.SQL("CREATE OR REPLACE TRIGGER {n} AFTER INSERT ON {t} FOR EACH ROW "
+                        "WHEN ({c}) EXECUTE FUNCTION {f}({a})").format(n=i, c=new, **parts),
+                sql.SQL("CREATE OR REPLACE TRIGGER {n} AFTER UPDATE ON {t} FOR EACH ROW "
+                        "WHEN ({o} OR {c}) EXECUTE FUNCTION {f}({a})").format(
+                    n=u, o=old, c=new, **parts),
+                sql.SQL("CREATE OR REPLACE TRIGGER {n} AFTER DELETE ON {t} FOR EACH ROW "
+                        "WHEN ({c}) EXECUTE FUNCTION {f}({a})").format(n=d, c=old, **parts),
+                sql.SQL("CREATE OR REPLACE TRIGGER {n} AFTER TRUNCATE ON {t} FOR EACH "
+                        "STATEMENT EXECUTE FUNCTION {f}({a})").format(n=tr, **parts),
+            ]
+            statements += [sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER {}").format(
+                self._table(table), name) for name in (i, u, d, tr)]
+        taken, attempts = self._under_lock_timeout(conn, statements)
+        if not taken:
+            oids = [oid for t in self.tables if (oid := self._regclass(conn, t)) is not None]
+            blockers = self._blockers(conn, oids, _WRITE_LOCKS)
+            raise FenceBlockedError(
+                f"verify_before_fence: the change tracking's lock on the {side} not granted in "
+                f"{attempts} attempts of {self.lock_timeout_ms} ms; sessions holding write "
+                f"locks on the moving tables: {_describe(blockers)}", blockers=blockers)
+
+    def _logged(self, conn: psycopg.Connection[Any]) -> dict[str, set[int]]:
+        """The IDs the change log names per table (``-1`` stands for a TRUNCATE)."""
+        log = self._find_log(conn)
+        if log is None:
+            return {}
+        found: dict[str, set[int]] = {}
+        for tbl, row_id in conn.execute(sql.SQL(
+                "SELECT DISTINCT tbl, id FROM {} WHERE tbl <> %s").format(log), (PASS1_MARK,)):
+            found.setdefault(tbl, set()).add(-1 if row_id is None else int(row_id))
+        return found
+
+    def _changed_ids(self, s: psycopg.Connection[Any], t: psycopg.Connection[Any]
+                     ) -> dict[str, list[int]] | None:
+        """Per table, the IDs either side's log names, when the first pass passed and the
+        tracking is intact on both sides (no TRUNCATE logged); else None (compare all)."""
+        source_log = self._find_log(s)
+        if source_log is None or not (self._tracking_complete(s) and self._tracking_complete(t)):
+            return None
+        if not _exists(s, sql.SQL("SELECT 1 FROM {} WHERE tbl = %s").format(source_log)
+                       .as_string(s), PASS1_MARK):
+            return None
+        source, target = self._logged(s), self._logged(t)
+        changed = {tb.name: sorted(source.get(tb.name, set()) | target.get(tb.name, set()))
+                   for tb in self.tables}
+        if any(-1 in ids for ids in changed.values()):
+            return None
+        return changed
+
+    def _drop_tracking(self, conn: psycopg.Connection[Any], side: str) -> list[str]:
+        """Drop this move's tracking triggers (ACCESS EXCLUSIVE, bounded like the fence) and
+        change log on one side; what was dropped."""
+        dropped = self._track_triggers_any(conn)
+        if dropped:
+            statements = [
+                sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(sql.Identifier(n),
+                                                                  self._table(table))
+                for table in self.tables if self._regclass(conn, table) is not None
+                for n in self.track_names()
+            ]
+            taken, attempts = self._under_lock_timeout(conn, statements)
+            if not taken:
+                raise ShardMoveError(
+                    f"cleanup: the change tracking's triggers on the {side} not dropped: lock "
+                    f"not granted in {attempts} attempts of {self.lock_timeout_ms} ms; run "
+                    "cleanup again")
+        log = self._find_log(conn)
+        if log is not None:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(log))
+            dropped.append(log.as_string(conn))
+        return dropped
+
+    def _track_triggers_any(self, conn: psycopg.Connection[Any]) -> list[str]:
+        """Tracking triggers present, enabled or not."""
+        oids = [oid for t in self.tables if (oid := self._regclass(conn, t)) is not None]
+        rows = conn.execute(
+            "SELECT tgrelid::regclass::text || '.' || tgname FROM pg_trigger "
+            "WHERE tgrelid = ANY (%s) AND tgname = ANY (%s) ORDER BY 1",
+            (oids, self.track_names())).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def _verify_objects(self, conn: psycopg.Connection[Any], side: str) -> list[str]:
+        found = [f"{side}:{name}" for name in self._track_triggers_any(conn)]
+        log = self._find_log(conn)
+        if log is not None:
+            found.append(f"{side}:{log.as_string(conn)}")
+        return found
 
     # -- cleanup and leftovers ---------------------------------------------------------------
 
@@ -629,14 +896,22 @@ class PostgresMoveBackend:
         """
         report = CleanupReport()
         facts: _TargetFacts | None = None
+        tracking_error: ShardMoveError | None = None
         try:
             with self._target.session() as t:
                 self._drop_subscription(t, report)
                 facts = self._target_facts(t)
+                try:
+                    report.done.extend(f"dropped {name} on the target"
+                                       for name in self._drop_tracking(t, "target"))
+                except ShardMoveError as error:
+                    tracking_error = error
         except ShardMoveError as error:  # the target does not answer: clean the source anyway
             report.done.append(f"target skipped: {error}")
         try:
             with self._source.session() as s:
+                report.done.extend(f"dropped {name} on the source"
+                                   for name in self._drop_tracking(s, "source"))
                 for slot, active_pid in self._source_slots(s, facts):
                     self._drop_slot(s, slot, active_pid)
                     report.done.append(f"dropped slot {slot} on the source")
@@ -647,6 +922,8 @@ class PostgresMoveBackend:
         except ShardMoveError as error:
             report.source_pending = True
             report.source_error = str(error)
+        if tracking_error is not None:
+            raise tracking_error
         return report
 
     def _drop_subscription(self, t: psycopg.Connection[Any], report: CleanupReport) -> None:
@@ -719,7 +996,9 @@ class PostgresMoveBackend:
         with self._target.session() as t:
             facts = self._target_facts(t)
             subscriptions = (self.name,) if facts.our_subscription is not None else ()
+            verify_objects = self._verify_objects(t, "target")
         with self._source.session() as s:
+            verify_objects += self._verify_objects(s, "source")
             publications = tuple(r[0] for r in s.execute(
                 "SELECT pubname::text FROM pg_publication WHERE pubname = %s",
                 (self.name,)).fetchall())
@@ -727,16 +1006,17 @@ class PostgresMoveBackend:
             oids = [oid for t_ in self.tables if (oid := self._regclass(s, t_)) is not None]
             triggers = tuple(self._fence_triggers(s, oids))
         return Leftovers(publications=publications, slots=slots, fence_triggers=triggers,
-                         subscriptions=subscriptions)
+                         subscriptions=subscriptions, verify_objects=tuple(verify_objects))
 
     # -- rows --------------------------------------------------------------------------------
 
-    def delete_source_rows(self, *, batch_size: int = 5000) -> int:
+    def delete_source_rows(self, *, batch_size: int = 5000, pause_ratio: float = 1.0) -> int:
         """Source, after the flip and the barrier: delete the shard's rows in batches.
 
         Refused while the publication or slot exists (the deletes would stream to the target)
         and unless the fence is up (the source would still be serving the shard). The mover's
-        session passes the fence by :data:`FENCE_BYPASS_SETTING`.
+        session passes the fence by :data:`FENCE_BYPASS_SETTING`. Paced by ``pause_ratio``
+        (see :meth:`_delete_rows`) so the other shards' writes keep their rate.
         """
         with self._source.session() as s:
             oids = self._source_oids(s, "delete_source_rows")
@@ -752,9 +1032,9 @@ class PostgresMoveBackend:
                     f"delete_source_rows: the fence of move {self.move_id} is not up on every "
                     "table of the source, which therefore may still serve the shard's writes"
                 )
-            return self._delete_rows(s, batch_size, bypass=True)
+            return self._delete_rows(s, batch_size, pause_ratio)
 
-    def delete_target_rows(self, *, batch_size: int = 5000) -> int:
+    def delete_target_rows(self, *, batch_size: int = 5000, pause_ratio: float = 1.0) -> int:
         """Target, to abort: delete the shard's copied rows in batches (after cleanup)."""
         with self._target.session() as t:
             if self._subscription_oid(t) is not None:
@@ -762,30 +1042,68 @@ class PostgresMoveBackend:
                     f"delete_target_rows: subscription {self.name} still exists on the target "
                     "and would copy the rows again; run cleanup first"
                 )
-            return self._delete_rows(t, batch_size, bypass=True)
+            return self._delete_rows(t, batch_size, pause_ratio)
 
-    def _delete_rows(self, conn: psycopg.Connection[Any], batch_size: int, *,
-                     bypass: bool) -> int:
+    def _delete_rows(self, conn: psycopg.Connection[Any], batch_size: int,
+                     pause_ratio: float) -> int:
+        """Delete the shard's rows of every table, children first, in batches by ID.
+
+        The IDs are read by ONE scan per table: a ``WITH HOLD`` cursor, materialised when
+        its statement ends (no transaction stays open while the deletes run), fetched
+        ``batch_size`` at a time; each batch is one short transaction ``DELETE ... WHERE id
+        = ANY (...)`` (the primary key's index). After each batch the session sleeps
+        ``pause_ratio`` times as long as the batch took, so the deletes use at most
+        ``1 / (1 + pause_ratio)`` of one connection's time and the other shards' writes
+        keep their rate. A second scan confirms nothing is left (nothing can be added: the
+        fence is up on the source; the subscription is gone on the target); it repeats if
+        rows appeared, at most three scans in all.
+        """
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise InvalidArgumentError(f"batch_size {batch_size!r} must be an int >= 1")
+        if not isinstance(pause_ratio, int | float) or isinstance(pause_ratio, bool) or not (
+            0 <= pause_ratio <= 100
+        ):
+            raise InvalidArgumentError(f"pause_ratio {pause_ratio!r} must be a number in "
+                                       "[0, 100]")
         total = 0
         for table in reversed(self.tables):  # children (listed after their parents) first
             if self._regclass(conn, table) is None:
                 continue
-            delete = sql.SQL(
-                "DELETE FROM {t} WHERE {c} IN (SELECT {c} FROM {t} WHERE {f} LIMIT {n})"
-            ).format(t=self._table(table), c=sql.Identifier(table.id_column),
-                     f=self._shard_filter(table), n=sql.SQL(str(batch_size)))
-            while True:
-                with conn.transaction():
-                    if bypass:  # the fence of this shard (any move) lets these deletes pass
-                        conn.execute("SELECT set_config(%s, %s, true)",
-                                     (FENCE_BYPASS_SETTING, str(self.shard)))
-                    deleted = conn.execute(delete).rowcount
-                total += deleted
-                if deleted < batch_size:
+            column = sql.Identifier(table.id_column)
+            select = sql.SQL("SELECT {c} FROM {t} WHERE {f}").format(
+                c=column, t=self._table(table), f=self._shard_filter(table))
+            delete = sql.SQL("DELETE FROM {t} WHERE {c} = ANY (%s)").format(
+                t=self._table(table), c=column)
+            for _scan in range(3):
+                found = 0
+                with conn.cursor(name=f"sfdb_delete_{self.move_id}", withhold=True) as cursor:
+                    cursor.execute(select)
+                    while batch := cursor.fetchmany(batch_size):
+                        started = time.monotonic()
+                        with conn.transaction():  # the shard's fence lets these deletes pass
+                            conn.execute("SELECT set_config(%s, %s, true)",
+                                         (FENCE_BYPASS_SETTING, str(self.shard)))
+                            total += conn.execute(delete, ([row[0] for row in batch],)).rowcount
+                        found += len(batch)
+                        if pause_ratio:
+                            time.sleep((time.monotonic() - started) * pause_ratio)
+                if not found:
                     break
+            else:
+                raise ShardMoveError(
+                    f"delete rows: {table.name} still had rows of shard {self.shard} after "
+                    "three scans: something keeps writing them; run the step again")
         return total
+
+
+@contextmanager
+def _snapshot(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """A REPEATABLE READ transaction: every query inside sees one snapshot (taken by the
+    first). Checksums nested inside run as savepoints of it."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        conn.execute("SELECT 1")
+        yield
 
 
 def _one(conn: psycopg.Connection[Any], query: Any, params: Any = None) -> Any:

@@ -85,10 +85,18 @@ class TableChecksum:
 
 @dataclass(frozen=True)
 class Verification:
-    """Per table, the source's and the target's checksums (equal, or verify raised)."""
+    """Per table, the source's and the target's checksums (equal, or verify raised).
+
+    ``scope`` says which rows were compared: ``"full"`` every row of the shard;
+    ``"before_fence"`` every row not written since the change tracking started (the first pass,
+    while writes go on); ``"changed"`` only the rows written since then (the second pass, after
+    the drain: ``changed`` counts the IDs per table), the first pass having compared the rest.
+    """
 
     source: dict[str, TableChecksum]
     target: dict[str, TableChecksum]
+    scope: str = "full"
+    changed: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -109,15 +117,19 @@ class Leftovers:
     slots: tuple[str, ...] = ()
     fence_triggers: tuple[str, ...] = ()
     subscriptions: tuple[str, ...] = ()
+    #: the two-pass verification's change-tracking triggers and change logs, on either side
+    verify_objects: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.publications or self.slots or self.fence_triggers or self.subscriptions)
+        return not (self.publications or self.slots or self.fence_triggers or self.subscriptions
+                    or self.verify_objects)
 
     @property
     def replication_empty(self) -> bool:
         """Nothing but (possibly) the fence, which stays on the source after a finished move."""
-        return not (self.publications or self.slots or self.subscriptions)
+        return not (self.publications or self.slots or self.subscriptions
+                    or self.verify_objects)
 
 
 class FenceBlockedError(ShardMoveError):

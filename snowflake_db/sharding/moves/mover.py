@@ -685,7 +685,11 @@ class _Run:
         self.wait(lambda: (self.backend.lag() or 0) <= limit,
                   timeout_s=self.mover.catch_up_timeout_s, what=f"lag below {limit} bytes",
                   describe=lambda: f"lag {self.backend.lag()} bytes", step="catch_up")
-        self.journal.done("catch_up", {"lag_bytes": self.backend.lag()})
+        # The verification's first pass, before the fence: the pause after it compares only
+        # the rows written since (docs/design/shard-moves.md, Verification).
+        first = self.backend.verify_before_fence(timeout_s=self.mover.drain_timeout_s)
+        self.journal.done("catch_up", {"lag_bytes": self.backend.lag(),
+                                       "verified_before_fence": first.changed})
 
     def _planned_rows(self) -> int | None:
         for row in read_journal(self.mover.engine, self.mover.map_tables, self.record.id):
@@ -732,8 +736,8 @@ class _Run:
     def do_verify(self) -> None:
         result = self.backend.verify()
         rows = {name: checksum.rows for name, checksum in result.target.items()}
-        self.journal.done("verify", {"rows": rows})
-        self.emit("verify", f"source and target agree: {rows}")
+        self.journal.done("verify", {"rows": rows, "scope": result.scope})
+        self.emit("verify", f"source and target agree ({result.scope} rows): {rows}")
 
     def do_drop_old_fence(self) -> None:
         dropped = drop_old_fences(self.mover, self.record)
