@@ -765,7 +765,7 @@ class _Run:
         rarely waits)."""
         version = read_shard_map(self.mover.engine, schema=self.mover.schema).rows[
             self.record.shard].since_version
-        self.emit("announce", f"every leased process to route with map version {version} "
+        self.emit("announce", f"until every leased process routes with map version {version} "
                               f"(shard {self.record.shard} moving)", version=version)
         self._wait_for_barrier(version, "announce")
         self.journal.done("announce", {"version": version})
