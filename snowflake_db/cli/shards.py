@@ -108,6 +108,9 @@ def _mover_options(parser: argparse.ArgumentParser) -> None:
                         help="the mover's lease on the move (renewed while it runs)")
     parser.add_argument("--barrier-timeout", type=float, default=300.0, metavar="S",
                         help="how long to wait for every process to route with the new map")
+    parser.add_argument("--slots-table", default=None, metavar="NAME",
+                        help="the worker slots table of the control database whose leases the "
+                        "move waits for (default snowflake_worker_slots)")
     parser.add_argument("--assume-no-static-workers", action="store_true",
                         help="no process routes with a static worker ID (or without a lease): "
                         "the barrier cannot see such processes, so without this word the move "
@@ -277,11 +280,13 @@ def _show_move(engine: Any, schema: str | None, move_id: int, as_json: bool,
 
 def mover(control: Any, targets: Mapping[str, Any], tables: Sequence[Any], *,
           schema: str | None, lease_s: float, barrier_timeout_s: float,
-          layout: Layout | None = None, assume_no_static_workers: bool = False) -> Any:
+          layout: Layout | None = None, assume_no_static_workers: bool = False,
+          slots_table: str | None = None) -> Any:
     """A :class:`~snowflake_db.sharding.moves.ShardMover` with the map's layout (or
     ``layout``, checked against the map)."""
     from ..sharding.moves import ShardMover
     from ..sharding.shard_map import control_engine, read_shard_map
+    from ..worker import DEFAULT_SLOTS_TABLE
 
     engine, created = control_engine(control)
     try:
@@ -291,7 +296,8 @@ def mover(control: Any, targets: Mapping[str, Any], tables: Sequence[Any], *,
             engine.dispose()
     return ShardMover(control, targets, layout=layout or found, tables=tables, schema=schema,
                       lease_s=lease_s, barrier_timeout_s=barrier_timeout_s,
-                      assume_no_static_workers=assume_no_static_workers)
+                      assume_no_static_workers=assume_no_static_workers,
+                      slots_table=slots_table or DEFAULT_SLOTS_TABLE)
 
 
 def plan(shard_mover: Any, *, shard: int | None, to: str | None, balance: bool,
@@ -389,7 +395,8 @@ def _shard_mover(args: argparse.Namespace) -> Any:
     tables = parse_tables(args.table)
     return mover(control, targets, tables, schema=args.schema, lease_s=args.lease_seconds,
                  barrier_timeout_s=args.barrier_timeout,
-                 assume_no_static_workers=args.assume_no_static_workers)
+                 assume_no_static_workers=args.assume_no_static_workers,
+                 slots_table=args.slots_table)
 
 
 def _plan_command(args: argparse.Namespace) -> int:

@@ -406,6 +406,9 @@ BAD_MOVES: dict[str, tuple[list[str], str]] = {
     "target not given": (["--shard", "3", "--to", "b", "--only-a"],
                          "the move's target 'b' is not among the given targets (a)"),
     "bad target option": (["--shard", "3", "--to", "b", "--target", "c"], "must be NAME=URL"),
+    # The announce step and the barrier read the leases there: refused before anything starts.
+    "no slots table": (["--shard", "3", "--to", "b", "--slots-table", "nope_slots"],
+                       "the control database has no worker slots table nope_slots"),
 }
 
 

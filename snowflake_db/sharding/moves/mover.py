@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
-from sqlalchemy import Engine, MetaData
+from sqlalchemy import Engine, MetaData, inspect
 from sqlalchemy.engine import URL, make_url
 
 from ...errors import (
@@ -477,9 +477,23 @@ class ShardMover:
                 raise ShardMoveError(
                     f"target {name!r} runs {current.targets[name]}; online moves run between "
                     "PostgreSQL servers only")
+        self._require_slots_table()
         self._server(source, "source")
         self._server(to, "target")
         return current, source
+
+    def _require_slots_table(self) -> None:
+        """The announce step and the cleanup barrier read the leases in the worker slots table
+        of the control database: without it they could not see a single process, so a move
+        would flip and then stop (or, worse, delete a copy a process still reads)."""
+        if not inspect(self.engine).has_table(self.slots_table, schema=self.schema):
+            where = f"{self.schema}.{self.slots_table}" if self.schema else self.slots_table
+            raise ShardMoveError(
+                f"the control database has no worker slots table {where}: the move waits for "
+                "the processes leasing worker IDs there before the fence and before deleting the "
+                "old copy; keep the shard map in the database your processes lease from (create "
+                "the worker tables with its migrations), or name the table (slots_table=, "
+                "--slots-table)")
 
     def _unknown_target(self, name: str, current: ShardMap) -> str:
         return (f"unknown shard target {name!r}; the map knows {', '.join(sorted(current.targets))}"
