@@ -245,11 +245,23 @@ KILL_POINTS = [(name, "done") for name, _ in FORWARD_STEPS[:-1]] + [
     ("fence", "started"), ("flip", "started"), ("cleanup", "started")]
 
 
+# Two halves, each in a pytest-xdist group of its own (and so on clusters of its own): the
+# kills take most of the module's time, which would otherwise run in one process.
+KILL_HALVES = {"first": KILL_POINTS[: len(KILL_POINTS) // 2],
+               "second": KILL_POINTS[len(KILL_POINTS) // 2:]}
+
+
+@pytest.mark.parametrize("half", [
+    pytest.param(name, marks=pytest.mark.xdist_group(f"shard_mover_kills_{name}"))
+    for name in KILL_HALVES
+])
 def test_mover_killed_after_each_journaled_step_then_resumed(
-    setup: Setup, capsys: pytest.CaptureFixture[str]
+    setup: Setup, capsys: pytest.CaptureFixture[str], half: str
 ) -> None:
     assert len(KILL_POINTS) <= MASK + 1
-    for shard, (step, status) in enumerate(KILL_POINTS):
+    assert sum(map(len, KILL_HALVES.values())) == len(KILL_POINTS)
+    offset = 0 if half == "first" else len(KILL_HALVES["first"])
+    for shard, (step, status) in enumerate(KILL_HALVES[half], start=offset):
         before = setup.rows("a", shard)
         move_id = _kill_mover_after(setup, shard, step, status)
         flipped = setup.mover().status(move_id).move.flipped
