@@ -215,3 +215,26 @@ def test_fan_out_reads_count_a_moved_shard_once(control: Engine) -> None:
     assert [o.pk for o in sliced] == ids[:2]  # a slice of the kept rows, on the one alias
     # The source still holds its copy until the cleanup; nothing above read it.
     assert Order.objects.using(source).filter(total_cents=marker).count() == 3
+
+
+def test_a_read_by_id_through_a_stale_router_finds_a_moved_order(control: Engine) -> None:
+    """After a move's flip and cleanup, a process whose router has not looked at the map yet
+    (refreshed every 600 s here) misses the order on the old alias: the miss checks the map
+    once and reads again where it now is."""
+    router = _router()
+    router.refresh()
+    source = ALIASES[0]
+    customer = _customer_on(source)
+    shard = router.shard_for_key(customer.pk)
+    order = Order.objects.create(customer_id=customer.pk, total_cents=5)
+    # What the move does: the copy, the flip (from another connection), then the cleanup.
+    _copy_customer(customer, NEW)
+    Order(pk=order.pk, customer_id=customer.pk, total_cents=5).save(using=NEW, force_insert=True)
+    version = flip_shard(control, shard, NEW)
+    Order.objects.using(source).filter(pk=order.pk).delete()
+    assert router.version < version  # stale
+    found = Order.objects.get(pk=order.pk)
+    assert found._state.db == NEW and found.total_cents == 5
+    assert router.version == version
+    with pytest.raises(Order.DoesNotExist):  # a true miss stays a miss
+        Order.objects.get(pk=(order.pk + (1 << 20)) & ~MASK | shard)
