@@ -37,7 +37,7 @@ from sqlalchemy.engine import Engine
 import snowflake_db.process
 
 from .common import SHOP_LAYOUT, Checks, plural
-from .local_servers import ServerUnavailableError, ThrowawayPostgres, postgres_unavailable
+from .local_servers import ServerUnavailableError, ThrowawayPostgres, postgres_clusters
 
 #: Appended to every cluster's ``postgresql.conf`` before it starts (``wal_level`` needs a
 #: restart; the short retry interval starts a subscription's workers at once).
@@ -61,24 +61,7 @@ REFRESH_S = 0.2
 def start_logical_clusters(names: Sequence[str]) -> list[ThrowawayPostgres]:
     """Start one throwaway cluster per name with :data:`LOGICAL_CONF` (one ``initdb``, copied
     for the others). The caller closes them (:func:`logical_clusters`)."""
-    problem = postgres_unavailable()
-    if problem:
-        raise ServerUnavailableError(problem)
-    clusters: list[ThrowawayPostgres] = []
-    try:
-        first = ThrowawayPostgres(name=names[0])
-        clusters.append(first)
-        with (first.data / "postgresql.conf").open("a") as handle:
-            handle.write(LOGICAL_CONF)
-        for name in names[1:]:
-            clusters.append(ThrowawayPostgres(template=first.data, name=name))
-        for cluster in clusters:
-            cluster.start()
-    except BaseException:
-        for cluster in clusters:
-            cluster.close()
-        raise
-    return clusters
+    return postgres_clusters(len(names), names=names, conf=LOGICAL_CONF)
 
 
 @contextmanager

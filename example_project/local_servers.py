@@ -32,7 +32,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -197,11 +197,13 @@ class ThrowawayPostgres:
 
 
 def postgres_clusters(count: int, pg_bin: Path | str = DEFAULT_PG_BIN,
-                      *, names: list[str] | None = None) -> list[ThrowawayPostgres]:
+                      *, names: Sequence[str] | None = None, conf: str = ""
+                      ) -> list[ThrowawayPostgres]:
     """Start ``count`` throwaway clusters (e.g. a coordinator and its shards), all running.
 
-    One ``initdb``; the others copy its data directory. The caller closes each (or use
-    :func:`running_postgres_clusters`).
+    One ``initdb``; the others copy its data directory. ``conf`` is appended to every
+    cluster's ``postgresql.conf`` (e.g. ``wal_level = logical``). The caller closes each (or
+    use :func:`running_postgres_clusters`).
     """
     problem = postgres_unavailable(Path(pg_bin))
     if problem:
@@ -211,6 +213,9 @@ def postgres_clusters(count: int, pg_bin: Path | str = DEFAULT_PG_BIN,
     try:
         first = ThrowawayPostgres(pg_bin, name=names[0])
         clusters.append(first)
+        if conf:
+            with (first.data / "postgresql.conf").open("a") as handle:
+                handle.write(conf)
         for name in names[1:count]:
             clusters.append(ThrowawayPostgres(pg_bin, template=first.data, name=name))
         for cluster in clusters:
@@ -224,9 +229,9 @@ def postgres_clusters(count: int, pg_bin: Path | str = DEFAULT_PG_BIN,
 
 @contextmanager
 def running_postgres_clusters(count: int, pg_bin: Path | str = DEFAULT_PG_BIN,
-                              *, names: list[str] | None = None) -> Iterator[
-                                  list[ThrowawayPostgres]]:
-    clusters = postgres_clusters(count, pg_bin, names=names)
+                              *, names: Sequence[str] | None = None, conf: str = ""
+                              ) -> Iterator[list[ThrowawayPostgres]]:
+    clusters = postgres_clusters(count, pg_bin, names=names, conf=conf)
     try:
         yield clusters
     finally:
