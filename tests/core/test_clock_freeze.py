@@ -26,9 +26,11 @@ import pytest
 import time_machine
 
 from snowflake_db import Layout, MonotonicClock, SnowflakeGenerator, wall_clock
+from snowflake_db.errors import LeaseExpiredError
 from snowflake_db.worker import TableLease
 
 from ..plugins.databases import ScratchDatabase
+from ..plugins.scheduler_delay import SchedulerDelay, monotonic
 from ..plugins.worker_support import allocator, wait_for
 
 FROZEN_AT = datetime(2021, 4, 23, 13, 21, 46, tzinfo=UTC)
@@ -74,13 +76,21 @@ def fake_time(request: pytest.FixtureRequest) -> Callable[[], AbstractContextMan
     return FAKE_TIMES[request.param]
 
 
-def _issue(generator: SnowflakeGenerator, seconds: float) -> list[int]:
-    """IDs issued for ``seconds`` of real time (polled with sleeps, which no tool fakes)."""
+def _issue(
+    generator: SnowflakeGenerator, seconds: float, lapses: list[tuple[float, str]] | None = None
+) -> list[int]:
+    """IDs issued for ``seconds`` of real time (polled with sleeps, which no tool fakes). With
+    ``lapses``, a lease that passed its deadline is recorded (when, why) instead of raised."""
     ids = [generator.next_id()]
     for _ in range(int(seconds / 0.05)):
         time.sleep(0.05)
-        ids.extend(generator.next_id() for _ in range(50))
-        ids.extend(generator.next_ids(100))
+        try:
+            ids.extend(generator.next_id() for _ in range(50))
+            ids.extend(generator.next_ids(100))
+        except LeaseExpiredError as error:
+            if lapses is None:
+                raise
+            lapses.append((monotonic(), str(error)))
     return ids
 
 
@@ -144,20 +154,31 @@ def _closing(generator: SnowflakeGenerator) -> Iterator[SnowflakeGenerator]:
 #: ones passed their local deadline ("last renewed 1.2 s ago"): the timing pass runs it.
 @pytest.mark.timing(seconds=100)  # see tests/conftest.py
 def test_a_leased_generator_renews_through_a_freeze_and_after_it(
-    any_db: ScratchDatabase, fake_time: Callable[[], AbstractContextManager[object]]
+    any_db: ScratchDatabase,
+    fake_time: Callable[[], AbstractContextManager[object]],
+    scheduler_delay: SchedulerDelay,
 ) -> None:
     alloc = allocator(any_db, lease_seconds=LEASE_SECONDS)
+    lapses: list[tuple[float, str]] = []
     with _closing(SnowflakeGenerator(allocator=alloc, layout=LAYOUT)) as generator:
         before = _real_ms()
         with fake_time():
             # The lease is taken under the fake time: the clock-skew check must see real time.
-            ids = _issue(generator, FROZEN_FOR_S)
+            ids = _issue(generator, FROZEN_FOR_S, lapses)
             lease = generator.lease
             assert isinstance(lease, TableLease)
             renewed_frozen = lease.renewals
         assert renewed_frozen >= 2, f"{renewed_frozen} renewals in {FROZEN_FOR_S} s frozen"
-        # After the freeze: renewals go on and IDs keep coming (no LeaseExpiredError).
+        # After the freeze: renewals go on and IDs keep coming.
         assert wait_for(lambda: lease.renewals >= renewed_frozen + 2, 10 * LEASE_SECONDS)
-        ids.extend(_issue(generator, LEASE_SECONDS))
+        ids.extend(_issue(generator, LEASE_SECONDS, lapses))
         assert generator.lease is lease, "the lease was lost and replaced"
         _assert_real(ids, before, _real_ms())
+    # No LeaseExpiredError, unless this process was kept from running for half the lease's
+    # slack in the lease before it (a renewal is due a third into the lease): a liveness bound
+    # a loaded scheduler can break (load 16 on 2 cores did, "last renewed 2.4 s ago"), while a
+    # renewal the freeze really stopped lapses on an idle machine and fails here.
+    excuse = (LEASE_SECONDS - LEASE_SECONDS / 3) / 2
+    for at, why in lapses:
+        delayed = scheduler_delay.during(at - LEASE_SECONDS, at)
+        assert delayed >= excuse, f"{why} (kept from running {delayed:.2f} s of the lease)"

@@ -35,6 +35,12 @@ import pytest
 PROBE_INTERVAL_S = 0.01
 
 
+def monotonic() -> float:
+    """``time.monotonic()`` as the kernel keeps it: freezegun replaces ``time.monotonic`` (a
+    probe reading it inside a freeze would see no delay at all), ``clock_gettime`` it leaves."""
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
 class SchedulerDelay:
     """A probe thread recording, for each of its short sleeps, when it was due and when it ran."""
 
@@ -59,24 +65,24 @@ class SchedulerDelay:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            due = time.monotonic() + self._interval_s
+            due = monotonic() + self._interval_s
             with self._lock:
                 self._pending_due = due
             time.sleep(self._interval_s)
-            woke = time.monotonic()
+            woke = monotonic()
             with self._lock:
                 self._due.append(due)
                 self._woke.append(woke)
                 self._pending_due = float("inf")
 
     def during(self, start: float, end: float) -> float:
-        """Seconds within ``[start, end]`` (``time.monotonic()``) in which the probe was due to
+        """Seconds within ``[start, end]`` (:func:`monotonic`) in which the probe was due to
         run but did not, each wake's first switch interval excepted."""
         with self._lock:
             first = bisect.bisect_left(self._woke, start)
             spans = list(zip(self._due[first:], self._woke[first:], strict=True))
             if self._pending_due < end:  # still waiting to run now
-                spans.append((self._pending_due, time.monotonic()))
+                spans.append((self._pending_due, monotonic()))
         return sum(
             max(0.0, min(woke, end) - max(due + self._grace_s, start)) for due, woke in spans
         )
@@ -88,9 +94,9 @@ class SchedulerDelay:
     def wait_for(self, done: Callable[[float], bool], bound: float) -> bool:
         """Call ``done(timeout)`` (a wait of at most ``timeout`` s that says whether it ended)
         until it returns True, or False once ``bound`` plus the delay since the start passed."""
-        start = time.monotonic()
+        start = monotonic()
         while True:
-            remaining = start + self.widen(bound, start, time.monotonic()) - time.monotonic()
+            remaining = start + self.widen(bound, start, monotonic()) - monotonic()
             if remaining <= 0:
                 return False
             if done(min(remaining, 1.0)):
