@@ -179,8 +179,10 @@ def _pause_until_changed(refresh: Callable[[], object] | None, seen: object,
         time.sleep(pause)
         return _refreshed(refresh)
     deadline = monotonic() + pause
-    while True:
+    value: object = None
+    for _ in range(int(pause / POLL_SECONDS) + 2):  # bounded in count as well as in time
         time.sleep(max(0.0, min(POLL_SECONDS, deadline - monotonic())))
         value = _refreshed(refresh)
         if (value is not None and value != seen) or monotonic() >= deadline:
-            return value
+            break
+    return value
