@@ -109,9 +109,12 @@ _FORWARD_NAMES = tuple(name for name, _ in FORWARD_STEPS)
 #: the control database (fewer round trips; inside the moving shard's pause, they count).
 #: Not the flip (its transaction is the map's) nor the last step.
 _CHAINED = frozenset(_FORWARD_NAMES) - {"flip", "finish"}
-#: The steps run with one session held open on each server: the pause, and the announce
-#: before it (so that the sessions are open before the fence).
-_CUTOVER = frozenset({"announce", "fence", "drain", "verify", "drop_old_fence", "flip"})
+#: The steps run with one session held open on each server, from the capture to the flip:
+#: the copy's and the drain's polls and the pause's steps pay no connection set-up (a server
+#: process started) per call. A server restarted meanwhile is met by the next statement on
+#: its session: that step stops ("lost the connection"), a resume goes on.
+_HELD = frozenset({"capture", "copy", "catch_up", "announce", "fence", "drain", "verify",
+                   "drop_old_fence", "flip"})
 #: How often the drain (inside the pause) and the end of the copy are polled, in seconds.
 DRAIN_POLL_S = 0.01
 COPY_POLL_S = 0.05
@@ -567,19 +570,18 @@ class ShardMover:
         backend = self._backend(record.id, record.shard, record.source, record.target)
         run = _Run(self, journal, backend, record, progress=progress,
                    terminate_blockers=terminate_blockers)
-        cutover_held = False
+        held = False
         step = "?"
         try:
-            with LeaseKeeper(journal), ExitStack() as cutover:
+            with LeaseKeeper(journal), ExitStack() as sessions:
                 steps = FORWARD_STEPS[start:]
                 for index, (step, state) in enumerate(steps):
-                    if step in _CUTOVER and not cutover_held:
-                        # One session per server for the whole pause, opened before it.
-                        cutover.enter_context(backend.held())
-                        cutover_held = True
-                    elif step not in _CUTOVER and cutover_held:
-                        cutover.close()
-                        cutover_held = False
+                    if step in _HELD and not held:
+                        sessions.enter_context(backend.held())
+                        held = True
+                    elif step not in _HELD and held:
+                        sessions.close()
+                        held = False
                     then = steps[index + 1] if index + 1 < len(steps) else None
                     run.step(step, state, then=then if step in _CHAINED else None)
         except MoverLeaseLostError:
