@@ -225,6 +225,10 @@ def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],
         ("moving shard's pause at cutover", f"{pause:.3f} s",
          f"target <= 1 s; p99 {p99(cutover):.3f} s of {len(cutover)} writes begun between "
          f"fence and flip ({flip_at - fence_at:.2f} s) minus baseline p99 {base_p99:.3f} s"),
+        ("cutover steps (s)", f"{flip_at - fence_at:.3f} s",
+         "; ".join(f"{step} {journal[step][1] - journal[step][0]:.3f}"
+                   for step in ("fence", "drain", "verify", "drop_old_fence", "flip")
+                   if step in journal)),
         ("other shards' write rate during / before", f"{other_ratio:.2f}x",
          f"target >= 0.8x; {others_during:.0f}/s vs {others_before:.0f}/s"),
         ("copy: subscription vs COPY pipe", f"{copy_ratio:.2f}x",
