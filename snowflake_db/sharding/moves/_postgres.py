@@ -579,10 +579,11 @@ class PostgresMoveBackend:
         for attempt in range(1, self.fence_attempts + 1):
             try:
                 with s.transaction():
-                    # One round trip: the writers queued behind the lock wait for it.
-                    s.execute(sql.SQL("; ").join([
-                        sql.SQL("SET LOCAL lock_timeout = {}").format(
-                            sql.Literal(f"{self.lock_timeout_ms}ms")), *statements]))
+                    s.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
+                        sql.Literal(f"{self.lock_timeout_ms}ms")))
+                    # The statements in one round trip: the writers queued behind the first
+                    # lock taken wait for the others' too.
+                    s.execute(sql.SQL("; ").join(statements))
                 return True, attempt
             except psycopg.errors.LockNotAvailable:
                 time.sleep(self.retry_pause_s)  # the writers queued behind the attempt go on
