@@ -110,10 +110,14 @@ _CHECKSUM_SETTINGS = (
 
 _IDLE = TransactionStatus.IDLE
 #: One round trip that makes a server's WAL durable up to now (see ``flush_wal``).
-#: Only when some WAL is not flushed yet: otherwise no XID is taken and nothing is written.
+#: Only when some WAL is not flushed yet: otherwise nothing is written. A transaction that
+#: only took an XID commits without flushing (it wrote no WAL before its commit record), so
+#: it writes a transactional logical message (prefix ``sfdb_flush``; pgoutput passes messages
+#: on only to subscribers that ask for them, which a subscription does not).
 _FLUSH_WAL = ("BEGIN; SET LOCAL synchronous_commit = local; DO $flush$ BEGIN "
               "IF pg_current_wal_flush_lsn() < pg_current_wal_insert_lsn() THEN "
-              "PERFORM pg_current_xact_id(); END IF; END $flush$; COMMIT")
+              "PERFORM pg_logical_emit_message(true, 'sfdb_flush', ''); END IF; END $flush$; "
+              "COMMIT")
 #: The settings that shape ``row::text``, pinned in one round trip (no parameters: several
 #: statements in one query).
 _PIN_SETTINGS = sql.SQL("; ").join(
@@ -625,9 +629,9 @@ class PostgresMoveBackend:
         its apply worker (whose commits are asynchronous: a subscription's
         ``synchronous_commit`` is ``off`` by default) reports the shard's last transactions
         as flushed. The initial copy's last state changes wait for the source's WAL the same
-        way. A transaction with an XID committed with ``synchronous_commit = local`` flushes
-        every record before it; it touches no table, and runs only when some WAL is not
-        flushed yet.
+        way. A transaction that writes a logical message and commits with
+        ``synchronous_commit = local`` flushes every record before it; it touches no table,
+        and runs only when some WAL is not flushed yet.
         """
         for connector in (self._source,) * source + (self._target,) * target:
             try:
