@@ -108,9 +108,10 @@ def pipe_copy(shop: grow.GrowingShop, cluster: Any, shard: int) -> tuple[int, fl
                 for block in out:
                     into.write(block)
         target.commit()
+        elapsed = time.perf_counter() - started  # the counts below are not the copy's
         for table in grow.SHOP_TABLES:
             rows += int(target.execute(f"SELECT count(*) FROM {table}").fetchone()[0])  # type: ignore[index]
-    return rows, time.perf_counter() - started
+    return rows, elapsed
 
 
 def journal_times(shop: grow.GrowingShop, move_id: int) -> dict[str, tuple[float, float]]:
@@ -154,12 +155,13 @@ def run(args: argparse.Namespace) -> int:
                 time.sleep(args.baseline_s)
                 baseline_end = time.time()
                 pipe_rows, pipe_s = pipe_copy(shop, clusters[TARGET], shard)
-                events: list[tuple[float, str]] = []
+                events: list[tuple[float, str, str, dict[str, Any]]] = []
                 mover = grow.shard_mover(shop, barrier_timeout_s=120.0)
                 try:
                     move_id = grow.move_shard(
                         mover, shard, TARGET,
-                        progress=lambda event: events.append((time.time(), event.step)),
+                        progress=lambda event: events.append(
+                            (time.time(), event.step, event.message, event.numbers)),
                     )
                 finally:
                     mover.close()
@@ -179,16 +181,25 @@ def run(args: argparse.Namespace) -> int:
 
 def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],
            problems: list[str], audit: grow.Audit, journal: dict[str, tuple[float, float]],
-           events: list[tuple[float, str]], baseline: tuple[float, float],
+           events: list[tuple[float, str, str, dict[str, Any]]], baseline: tuple[float, float],
            pipe: tuple[int, float]) -> int:
     shard = args.shard
     move_start, move_end = journal["check"][0], journal["finish"][1]
     fence_at, flip_at = journal["fence"][0], journal["flip"][1]
+    # The copy from the copy step's start (the mover's map update and CREATE SUBSCRIPTION) to
+    # the moment the mover saw every table ready; the pipe from its first connection to its
+    # commit. Rows: the plan's count of the shard's rows in the three tables, as the pipe counts
+    # the three tables (before, the first progress line of catch_up was taken, which for a copy
+    # longer than the progress period is a "copying ..." line, and orders only were counted).
     copy_start = journal["copy"][0]
-    copy_done = next((t for t, step in events if step == "catch_up"), journal["catch_up"][1])
+    copy_done = next((t for t, step, message, _ in events
+                      if step == "catch_up" and message.startswith("initial copy done")),
+                     journal["catch_up"][1])
     copy_s = copy_done - copy_start
-    shard_rows = loaded // 16 + sum(1 for w in writes if w.op == "place" and w.shard == shard
-                                    and w.started < copy_start)
+    plan_rows = next((numbers.get("rows") for _, step, _, numbers in events if step == "plan"),
+                     None)
+    shard_rows = (sum(plan_rows.values()) if isinstance(plan_rows, dict)
+                  else loaded // 16)
     pipe_rows, pipe_s = pipe
     in_base = [w for w in writes if baseline[0] <= w.started < baseline[1]]
     base_p99 = p99([w.latency for w in in_base])
@@ -214,6 +225,10 @@ def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],
         ("moving shard's pause at cutover", f"{pause:.3f} s",
          f"target <= 1 s; p99 {p99(cutover):.3f} s of {len(cutover)} writes begun between "
          f"fence and flip ({flip_at - fence_at:.2f} s) minus baseline p99 {base_p99:.3f} s"),
+        ("cutover steps (s)", f"{flip_at - fence_at:.3f} s",
+         "; ".join(f"{step} {journal[step][1] - journal[step][0]:.3f}"
+                   for step in ("fence", "drain", "verify", "drop_old_fence", "flip")
+                   if step in journal)),
         ("other shards' write rate during / before", f"{other_ratio:.2f}x",
          f"target >= 0.8x; {others_during:.0f}/s vs {others_before:.0f}/s"),
         ("copy: subscription vs COPY pipe", f"{copy_ratio:.2f}x",

@@ -46,6 +46,9 @@ DEFAULT_TIMEOUT_SECONDS = 15.0
 #: The first pause between attempts; it doubles up to :data:`MAX_PAUSE_SECONDS`.
 FIRST_PAUSE_SECONDS = 0.05
 MAX_PAUSE_SECONDS = 2.0
+#: How often ``refresh`` is called during a pause to see whether the map changed (seconds):
+#: the attempt after the flip starts this long after it at most, not a whole pause.
+POLL_SECONDS = 0.02
 
 _DETAIL = re.compile(r"shard=(?P<shard>\d+) target=(?P<target>\S+) move=(?P<move>\d+)")
 T = TypeVar("T")
@@ -104,17 +107,23 @@ def retry_shard_moved(
 ) -> T:
     """Run ``work`` (one whole transaction) until no fence refuses it, and return its result.
 
-    After a refused attempt it pauses (50 ms, doubling up to 2 s), calls ``refresh`` (a
-    control-backed router's ``refresh``: the shard's new target is routed to from then on) and
-    runs ``work`` again. Any other error is raised at once. After ``attempts`` runs, or when the
-    next pause would end past ``timeout_s`` from the start, it raises :class:`ShardMovedError`
-    saying how many attempts over how long, chained to the last refusal.
+    After a refused attempt it calls ``refresh`` (a control-backed router's ``refresh``: one
+    read of the map's version, the shard's new target is routed to from then on) and runs
+    ``work`` again: at once after the first refusal (the map may have flipped since the attempt
+    routed), then after a pause (50 ms, doubling up to 2 s) during which ``refresh`` is called
+    every 20 ms and the pause ends as soon as it returns another value than before (the map
+    changed: the flip is out), so the attempt after a flip lands within about 20 ms of it.
+    Without ``refresh``, or when it returns ``None``, the pause is slept whole. Any other error
+    is raised at once. After ``attempts`` runs, or when the next pause would end past
+    ``timeout_s`` from the start, it raises :class:`ShardMovedError` saying how many attempts
+    over how long, chained to the last refusal.
     """
     attempts = require_int("attempts", attempts, minimum=1)
     timeout_s = require_seconds("timeout_s", timeout_s, positive=True)
     started = monotonic()
     pause = FIRST_PAUSE_SECONDS
     attempt = 0
+    seen: object = None  # what ``refresh`` returned before the last attempt
     while True:
         attempt += 1
         try:
@@ -134,14 +143,46 @@ def retry_shard_moved(
                 target=last.target,
                 move_id=last.move_id,
             ) from cause
+        if attempt == 1 and refresh is not None:
+            # The attempt may have routed just before the flip: refresh and try again now.
+            logger.info("snowflake_db: shard %d is fenced (move %s); attempt 2 after a map "
+                        "refresh", last.shard, last.move_id)
+            seen = _refreshed(refresh)
+            continue
         logger.info(
-            "snowflake_db: shard %d is fenced (move %s); attempt %d again in %.2f s",
-            last.shard, last.move_id, attempt + 1, pause,
+            "snowflake_db: shard %d is fenced (move %s); attempt %d again within %.2f s (as "
+            "soon as the map changes)", last.shard, last.move_id, attempt + 1, pause,
         )
-        time.sleep(pause)
+        seen = _pause_until_changed(refresh, seen, pause)
         pause = min(pause * 2, MAX_PAUSE_SECONDS)
-        if refresh is not None:
-            try:
-                refresh()
-            except Exception as error:  # the next attempt tells whether the old map still works
-                logger.warning("snowflake_db: refreshing the shard map failed: %s", error)
+
+
+def _refreshed(refresh: Callable[[], object]) -> object:
+    """``refresh()``'s value, or ``None`` when it failed (logged: the next attempt tells
+    whether the old map still works)."""
+    try:
+        return refresh()
+    except Exception as error:
+        logger.warning("snowflake_db: refreshing the shard map failed: %s", error)
+        return None
+
+
+def _pause_until_changed(refresh: Callable[[], object] | None, seen: object,
+                         pause: float) -> object:
+    """Wait ``pause`` seconds, polling ``refresh`` every :data:`POLL_SECONDS` and returning
+    early when its value differs from ``seen`` (a value both times: ``None`` tells nothing).
+    Returns the last value ``refresh`` gave (``refresh`` runs once at least)."""
+    if refresh is None:
+        time.sleep(pause)
+        return None
+    if seen is None:
+        time.sleep(pause)
+        return _refreshed(refresh)
+    deadline = monotonic() + pause
+    value: object = None
+    for _ in range(int(pause / POLL_SECONDS) + 2):  # bounded in count as well as in time
+        time.sleep(max(0.0, min(POLL_SECONDS, deadline - monotonic())))
+        value = _refreshed(refresh)
+        if (value is not None and value != seen) or monotonic() >= deadline:
+            break
+    return value

@@ -48,6 +48,7 @@ class Connector:
         self._conninfo: str | None = None
         self._engine: Any = None
         self._connection: psycopg.Connection[Any] | None = None
+        self._held: psycopg.Connection[Any] | None = None
         if isinstance(endpoint, str):
             self._conninfo = endpoint
             self.description = describe_conninfo(endpoint)
@@ -74,7 +75,13 @@ class Connector:
     @contextmanager
     def session(self) -> Iterator[psycopg.Connection[Any]]:
         """An autocommit session; a failure to connect is a :class:`ShardMoveError` naming
-        the server (host, port, database: no password)."""
+        the server (host, port, database: no password). Inside :meth:`held`, the held
+        session (unless it broke: then a new one)."""
+        held = self._held
+        if held is not None and not (held.closed or held.broken):
+            with self._named_if_lost(held):
+                yield held
+            return
         if self._connection is not None:
             if not self._connection.autocommit:
                 self._connection.autocommit = True
@@ -93,6 +100,36 @@ class Connector:
             ) from error
         with connection, self._named_if_lost(connection):
             yield connection
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Keep one session open for every :meth:`session` inside this block: a step that
+        polls (the drain) or a run of short steps (the cutover) then pays no connection set-up
+        per call. Nested blocks share the outer one."""
+        if self._held is not None:
+            yield
+            return
+        opened = self.session()
+        connection = opened.__enter__()
+        self._held = connection
+        error: BaseException | None = None
+        try:
+            yield
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            self._held = None
+            try:
+                if error is None:
+                    opened.__exit__(None, None, None)
+                else:
+                    opened.__exit__(type(error), error, error.__traceback__)
+            except Exception:
+                # Ending a session that broke meanwhile (a restarted server: the steps used a
+                # new one since) or while an error propagates must not replace the outcome.
+                if error is None and not (connection.closed or connection.broken):
+                    raise
 
     @contextmanager
     def _named_if_lost(self, connection: psycopg.Connection[Any]) -> Iterator[None]:

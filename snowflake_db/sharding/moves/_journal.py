@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, insert, select, update
+from sqlalchemy import BigInteger, Connection, Engine, String, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ...errors import MoverLeaseLostError, ShardMoveError
@@ -136,13 +136,16 @@ def _detail(detail: object) -> str | None:
 
 def _append(connection: Connection, tables: ShardMapTables, move_id: int, step: str, *,
             status: str, detail: object = None) -> None:
+    """One journal line, numbered after the last one, in one statement (``INSERT ... SELECT``:
+    the cutover's journal lines are round trips inside the moving shard's pause)."""
     steps = tables.move_steps
-    seq = connection.execute(
-        select(func.coalesce(func.max(steps.c.seq), 0)).where(steps.c.move_id == move_id)
-    ).scalar_one()
-    connection.execute(insert(steps).values(
-        move_id=move_id, seq=int(seq) + 1, step=step, status=status, detail=_detail(detail),
-        at_ms=db_now_ms(),
+    connection.execute(insert(steps).from_select(
+        ["move_id", "seq", "step", "status", "detail", "at_ms"],
+        select(
+            literal(move_id, BigInteger), func.coalesce(func.max(steps.c.seq), 0) + 1,
+            literal(step, String), literal(status, String),
+            literal(_detail(detail), String), db_now_ms(),
+        ).where(steps.c.move_id == move_id),
     ))
 
 
@@ -225,35 +228,49 @@ class Journal:
         self.token = token
         self.lease_ms = lease_ms
         self.lost = threading.Event()
+        #: The step whose ``started`` line the next ``done`` writes in its own transaction.
+        self.then: tuple[str, str | None] | None = None
+        self._started_ahead: str | None = None
 
     @contextmanager
     def owned(self) -> Iterator[Connection]:
-        """A transaction holding the move's row lock, after checking and renewing the lease."""
+        """A transaction holding the move's row lock, after checking and renewing the lease
+        (one statement: the UPDATE locks the row and matches only this mover's token)."""
         moves = self.tables.moves
         with self.engine.begin() as connection:
-            token = connection.execute(
-                select(moves.c.mover_token).where(moves.c.id == self.move_id).with_for_update()
-            ).scalar()
-            if token != self.token:
+            renewed = connection.execute(
+                update(moves).where((moves.c.id == self.move_id)
+                                    & (moves.c.mover_token == self.token))
+                .values(mover_expires_at_ms=db_now_ms() + self.lease_ms,
+                        updated_at_ms=db_now_ms())
+            ).rowcount
+            if renewed != 1:
                 self.lost.set()
                 raise MoverLeaseLostError(
                     f"move {self.move_id}: this mover no longer holds the move (another mover "
                     "took it over); stopping"
                 )
-            connection.execute(update(moves).where(moves.c.id == self.move_id).values(
-                mover_expires_at_ms=db_now_ms() + self.lease_ms, updated_at_ms=db_now_ms()))
             yield connection
 
     def record(self) -> MoveRecord:
         return read_move(self.engine, self.tables, self.move_id)
 
     def started(self, step: str, state: str | None) -> None:
+        """Journal ``step`` as started (and the move's ``state``) before its action; nothing
+        to do when the previous step's ``done`` already wrote it (:attr:`then`)."""
+        if self._started_ahead == step:
+            self._started_ahead = None
+            return
+        self._started_ahead = None
         with self.owned() as connection:
-            if state is not None:
-                connection.execute(update(self.tables.moves)
-                                   .where(self.tables.moves.c.id == self.move_id)
-                                   .values(state=state))
-            _append(connection, self.tables, self.move_id, step, status="started")
+            self._started(connection, step, state)
+
+    def _started(self, connection: Connection, step: str, state: str | None) -> None:
+        if state is not None:
+            connection.execute(update(self.tables.moves)
+                               .where(self.tables.moves.c.id == self.move_id)
+                               .values(state=state))
+        _append(connection, self.tables, self.move_id, step, status="started")
 
     def done(self, step: str, detail: object = None, *,
              capture: dict[str, Any] | None = None, connection: Connection | None = None) -> None:
@@ -270,6 +287,13 @@ class Journal:
                                .where(self.tables.moves.c.id == self.move_id)
                                .values(capture=_detail(capture)))
         _append(connection, self.tables, self.move_id, step, status="done", detail=detail)
+        # The next step's "started" line in the same transaction: its meaning is unchanged
+        # (written after this step's action, before the next one's), one round trip less.
+        if self.then is not None:
+            following, state = self.then
+            self.then = None
+            self._started(connection, following, state)
+            self._started_ahead = following
 
     def failed(self, step: str, error: BaseException) -> None:
         """Journal the failure (best effort: the control database may be what failed)."""

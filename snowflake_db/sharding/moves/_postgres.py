@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq import TransactionStatus
 
 from ...errors import InvalidArgumentError, ShardMoveError
 from ...layout import Layout
@@ -107,6 +108,22 @@ _CHECKSUM_SETTINGS = (
     ("extra_float_digits", "3"), ("bytea_output", "hex"),
 )
 
+_IDLE = TransactionStatus.IDLE
+#: One round trip that makes a server's WAL durable up to now (see ``flush_wal``).
+#: Only when some WAL is not flushed yet: otherwise nothing is written. A transaction that
+#: only took an XID commits without flushing (it wrote no WAL before its commit record), so
+#: it writes a transactional logical message (prefix ``sfdb_flush``; pgoutput passes messages
+#: on only to subscribers that ask for them, which a subscription does not).
+_FLUSH_WAL = ("BEGIN; SET LOCAL synchronous_commit = local; DO $flush$ BEGIN "
+              "IF pg_current_wal_flush_lsn() < pg_current_wal_insert_lsn() THEN "
+              "PERFORM pg_logical_emit_message(true, 'sfdb_flush', ''); END IF; END $flush$; "
+              "COMMIT")
+#: The settings that shape ``row::text``, pinned in one round trip (no parameters: several
+#: statements in one query).
+_PIN_SETTINGS = sql.SQL("; ").join(
+    sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(name), sql.Literal(value))
+    for name, value in _CHECKSUM_SETTINGS)
+
 
 @dataclass(frozen=True)
 class _TargetFacts:
@@ -185,6 +202,15 @@ class PostgresMoveBackend:
             else make_conninfo(source_conninfo_for_target, connect_timeout=CONNECT_TIMEOUT_S)
         )
         self._suboid: int | None = None
+
+    @contextmanager
+    def held(self, *, source: bool = True, target: bool = True) -> Iterator[None]:
+        """Keep one session open on each side (``source``, ``target``) for every step run
+        inside: the cutover's steps and the polls of a wait then pay no connection set-up
+        (a new server process) per call."""
+        with self._source.held() if source else _nothing(), \
+                self._target.held() if target else _nothing():
+            yield
 
     # -- names and SQL pieces -----------------------------------------------------------------
 
@@ -443,6 +469,20 @@ class PostgresMoveBackend:
         return CopyProgress({names.get(relid, str(relid)): state for relid, state in rows},
                             len(self.tables))
 
+    def copy_synced(self) -> bool:
+        """Target: whether every table's copy is done (all ``r``): one query, for polling."""
+        with self._target.session() as t:
+            row = t.execute(
+                """SELECT s.oid, count(r.srrelid), count(r.srrelid) FILTER
+                          (WHERE r.srsubstate = 'r')
+                   FROM pg_subscription s LEFT JOIN pg_subscription_rel r ON r.srsubid = s.oid
+                   WHERE s.subname = %s AND s.subdbid = (SELECT oid FROM pg_database
+                                                         WHERE datname = current_database())
+                   GROUP BY s.oid""", (self.name,)).fetchone()
+        if row is None:
+            raise ShardMoveError(f"copy_synced: no subscription {self.name} on the target")
+        return int(row[1]) == len(self.tables) and int(row[2]) == int(row[1])
+
     def lag(self) -> int | None:
         """Source: bytes of WAL the target has not confirmed (``None`` until it first did)."""
         with self._source.session() as s:
@@ -545,8 +585,9 @@ class PostgresMoveBackend:
                 with s.transaction():
                     s.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
                         sql.Literal(f"{self.lock_timeout_ms}ms")))
-                    for statement in statements:
-                        s.execute(statement)
+                    # The statements in one round trip: the writers queued behind the first
+                    # lock taken wait for the others' too.
+                    s.execute(sql.SQL("; ").join(statements))
                 return True, attempt
             except psycopg.errors.LockNotAvailable:
                 time.sleep(self.retry_pause_s)  # the writers queued behind the attempt go on
@@ -570,11 +611,39 @@ class PostgresMoveBackend:
     def drained(self, fence_lsn: str) -> bool:
         """Source: whether the target confirmed everything up to the fence LSN (the slot's
         ``confirmed_flush_lsn``; read on the source, it needs no connection to the target)."""
-        with self._source.session() as s:
-            if not self._slot_exists(s):
-                raise ShardMoveError(f"drained: slot {self.name} does not exist on the source")
-            return bool(_one(s, """SELECT coalesce(confirmed_flush_lsn >= %s::pg_lsn, false)
-                FROM pg_replication_slots WHERE slot_name = %s""", (fence_lsn, self.name)))
+        with self._source.session() as s:  # one query: the drain polls it
+            row = s.execute("""SELECT coalesce(confirmed_flush_lsn >= %s::pg_lsn, false)
+                FROM pg_replication_slots WHERE slot_name = %s""", (fence_lsn, self.name)
+                            ).fetchone()
+        if row is None:
+            raise ShardMoveError(f"drained: slot {self.name} does not exist on the source")
+        return bool(row[0])
+
+    def flush_wal(self, *, source: bool = True, target: bool = True) -> None:
+        """Make the WAL written so far durable now on the ``source`` and the ``target``, best
+        effort (a failure is left to the next poll).
+
+        A drain waits for two flushes that a server may otherwise leave to its WAL writer
+        (``wal_writer_delay``, 200 ms by default) when commits are asynchronous: the
+        source's, before its walsender decodes up to the fence LSN, and the target's, before
+        its apply worker (whose commits are asynchronous: a subscription's
+        ``synchronous_commit`` is ``off`` by default) reports the shard's last transactions
+        as flushed. The initial copy's last state changes wait for the source's WAL the same
+        way. A transaction that writes a logical message and commits with
+        ``synchronous_commit = local`` flushes every record before it; it touches no table,
+        and runs only when some WAL is not flushed yet.
+        """
+        for connector in (self._source,) * source + (self._target,) * target:
+            try:
+                with connector.session() as conn:
+                    try:
+                        conn.execute(_FLUSH_WAL)
+                    except psycopg.Error:
+                        if not conn.broken and conn.info.transaction_status != _IDLE:
+                            conn.execute("ROLLBACK")  # the held session stays usable
+                        raise
+            except (ShardMoveError, psycopg.Error):
+                continue
 
     def unfence(self) -> list[str]:
         """Source: drop this move's fence triggers (an abort; a finished move keeps them).
@@ -598,6 +667,19 @@ class PostgresMoveBackend:
                     f"{self.lock_timeout_ms} ms; sessions holding locks on the moving tables: "
                     f"{_describe(blockers)}", blockers=blockers)
             return present
+
+    def shard_fences_on_target(self) -> list[str]:
+        """Target: the fence triggers of this shard on the moving tables (an earlier move of
+        the shard away from the target left them; found by the fence function and its first
+        argument, the shard)."""
+        with self._target.session() as t:
+            oids = [oid for table in self.tables if (oid := self._regclass(t, table)) is not None]
+            rows = t.execute(
+                r"""SELECT tgname::text FROM pg_trigger
+                    WHERE tgrelid = ANY (%s) AND tgfoid = to_regprocedure(%s)
+                    AND split_part(encode(tgargs, 'escape'), '\000', 1) = %s""",
+                (oids, f"{FENCE_FUNCTION}()", str(self.shard))).fetchall()
+        return [str(name) for (name,) in rows]
 
     # -- verify ------------------------------------------------------------------------------
 
@@ -660,6 +742,7 @@ class PostgresMoveBackend:
                 raise ShardMoveError(
                     f"verify_before_fence: the target did not confirm {tracked_at} in "
                     f"{timeout_s:g} s (lag {self.lag()} bytes)")
+            self.flush_wal()
             time.sleep(0.02)
         with self._source.session() as s, self._target.session() as t:
             self._compare_columns(s, t, "verify_before_fence")
@@ -727,9 +810,7 @@ class PostgresMoveBackend:
             where = sql.SQL("{} AND NOT ({} = ANY (%s))").format(where, column)
             params.append(list(exclude))
         with conn.transaction():
-            for setting, value in _CHECKSUM_SETTINGS:
-                conn.execute(sql.SQL("SET LOCAL {} = {}").format(sql.Identifier(setting),
-                                                                  sql.Literal(value)))
+            conn.execute(_PIN_SETTINGS)
             row = conn.execute(sql.SQL(
                 """SELECT count(*), coalesce(sum(h::numeric), 0)::text, coalesce(bit_xor(h), 0)
                    FROM (SELECT hashtextextended(r::text, 0) AS h FROM {} AS r WHERE {}) AS x"""
@@ -1094,6 +1175,11 @@ class PostgresMoveBackend:
                     f"delete rows: {table.name} still had rows of shard {self.shard} after "
                     "three scans: something keeps writing them; run the step again")
         return total
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 @contextmanager

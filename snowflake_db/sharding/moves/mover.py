@@ -26,6 +26,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
@@ -69,7 +70,7 @@ from ._journal import (
     read_move,
     take_over,
 )
-from ._postgres import FENCE_FUNCTION, PostgresMoveBackend
+from ._postgres import PostgresMoveBackend
 from ._results import Leftovers, MovedTable
 
 __all__ = [
@@ -104,6 +105,19 @@ FORWARD_STEPS: tuple[tuple[str, str | None], ...] = (
     ("finish", "cleaning"),
 )
 _FORWARD_NAMES = tuple(name for name, _ in FORWARD_STEPS)
+#: Steps whose ``done`` line and the next step's ``started`` line share one transaction of
+#: the control database (fewer round trips; inside the moving shard's pause, they count).
+#: Not the flip (its transaction is the map's) nor the last step.
+_CHAINED = frozenset(_FORWARD_NAMES) - {"flip", "finish"}
+#: The steps run with one session held open on each server, from the capture to the flip:
+#: the copy's and the drain's polls and the pause's steps pay no connection set-up (a server
+#: process started) per call. A server restarted meanwhile is met by the next statement on
+#: its session: that step stops ("lost the connection"), a resume goes on.
+_HELD = frozenset({"capture", "copy", "catch_up", "announce", "fence", "drain", "verify",
+                   "drop_old_fence", "flip"})
+#: How often the drain (inside the pause) and the end of the copy are polled, in seconds.
+DRAIN_POLL_S = 0.01
+COPY_POLL_S = 0.05
 #: The step a move stops at without ``assume_no_static_workers``.
 STATIC_WORKERS_STEP = "delete_source_rows"
 _OLD_FENCE = re.compile(r"^sfdb_fence_(\d+)_[wdt]$")
@@ -556,11 +570,20 @@ class ShardMover:
         backend = self._backend(record.id, record.shard, record.source, record.target)
         run = _Run(self, journal, backend, record, progress=progress,
                    terminate_blockers=terminate_blockers)
+        held = False
         step = "?"
         try:
-            with LeaseKeeper(journal):
-                for step, state in FORWARD_STEPS[start:]:
-                    run.step(step, state)
+            with LeaseKeeper(journal), ExitStack() as sessions:
+                steps = FORWARD_STEPS[start:]
+                for index, (step, state) in enumerate(steps):
+                    if step in _HELD and not held:
+                        sessions.enter_context(backend.held())
+                        held = True
+                    elif step not in _HELD and held:
+                        sessions.close()
+                        held = False
+                    then = steps[index + 1] if index + 1 < len(steps) else None
+                    run.step(step, state, then=then if step in _CHAINED else None)
         except MoverLeaseLostError:
             raise
         except Exception as error:
@@ -614,26 +637,34 @@ class _Run:
         self.record = record
         self.progress = progress
         self.terminate_blockers = terminate_blockers
+        self.fence_lsn: str | None = None
 
     def emit(self, step: str, message: str, **numbers: Any) -> None:
         _emit(self.progress, MoveProgress(self.record.id, step, message, numbers))
 
-    def step(self, name: str, state: str | None) -> None:
+    def step(self, name: str, state: str | None,
+             then: tuple[str, str | None] | None = None) -> None:
+        """Journal ``name`` as started, run it; its ``done`` line also starts ``then`` (the
+        next step) when given, in the same transaction."""
         self.journal.started(name, state)
+        self.journal.then = then
         try:
             getattr(self, f"do_{name}")()
         except Exception as error:
             if not isinstance(error, MoverLeaseLostError):
                 self.journal.failed(name, error)
             raise
+        finally:
+            self.journal.then = None
 
     def wait(self, predicate: Callable[[], bool], *, timeout_s: float, what: str,
-             describe: Callable[[], str], step: str) -> None:
-        """Poll until ``predicate``; progress every ``progress_every_s``; bounded; stops when
-        the lease is lost."""
+             describe: Callable[[], str], step: str, pause_s: float = 0.05,
+             max_pause_s: float = 0.5) -> None:
+        """Poll until ``predicate``, every ``pause_s`` growing to ``max_pause_s``; progress
+        every ``progress_every_s``; bounded; stops when the lease is lost."""
         start = time.monotonic()
         next_report = start + self.mover.progress_every_s
-        pause = 0.05
+        pause = pause_s
         while not predicate():
             if self.journal.lost.is_set():
                 raise MoverLeaseLostError(f"move {self.record.id}: lease lost while waiting "
@@ -645,7 +676,7 @@ class _Run:
                 self.emit(step, describe(), elapsed_s=round(now - start, 1))
                 next_report = now + self.mover.progress_every_s
             time.sleep(pause)
-            pause = min(pause * 1.5, 0.5)
+            pause = min(pause * 1.5, max_pause_s)
 
     # -- forward steps ---------------------------------------------------------------------------
 
@@ -692,16 +723,31 @@ class _Run:
             share = f" of {planned}" if planned else ""
             return f"copying: {copied} rows{share} copied so far; tables: {states or 'starting'}"
 
-        self.wait(lambda: self.backend.copy_progress().synced, timeout_s=self.mover.copy_timeout_s,
-                  what="the initial copy", describe=copy_state, step="catch_up")
+        # Polled at a short fixed interval on one held session (one cheap query each), so
+        # the end of a short copy is noticed at once.
+        def synced() -> bool:
+            if self.backend.copy_synced():
+                return True
+            # The table copies end by streaming to the source's WAL position: not left to the
+            # source's WAL writer when its commits are asynchronous.
+            self.backend.flush_wal(target=False)
+            return False
+
+        with self.backend.held():
+            self.wait(synced, timeout_s=self.mover.copy_timeout_s,
+                      what="the initial copy", describe=copy_state, step="catch_up",
+                      pause_s=COPY_POLL_S, max_pause_s=COPY_POLL_S)
         self.emit("catch_up", "initial copy done; catching up")
         limit = self.mover.max_lag_bytes
-        self.wait(lambda: (self.backend.lag() or 0) <= limit,
-                  timeout_s=self.mover.catch_up_timeout_s, what=f"lag below {limit} bytes",
-                  describe=lambda: f"lag {self.backend.lag()} bytes", step="catch_up")
+        with self.backend.held(target=False):
+            self.wait(lambda: (self.backend.lag() or 0) <= limit,
+                      timeout_s=self.mover.catch_up_timeout_s, what=f"lag below {limit} bytes",
+                      describe=lambda: f"lag {self.backend.lag()} bytes", step="catch_up",
+                      pause_s=COPY_POLL_S, max_pause_s=COPY_POLL_S)
         # The verification's first pass, before the fence: the pause after it compares only
         # the rows written since (docs/design/shard-moves.md, Verification).
-        first = self.backend.verify_before_fence(timeout_s=self.mover.drain_timeout_s)
+        with self.backend.held():  # it polls the source's slot
+            first = self.backend.verify_before_fence(timeout_s=self.mover.drain_timeout_s)
         self.journal.done("catch_up", {"lag_bytes": self.backend.lag(),
                                        "verified_before_fence": first.changed})
 
@@ -736,15 +782,26 @@ class _Run:
                                         "terminated": list(fenced.terminated)},
                               capture=self._capture(fence_lsn=fenced.lsn),
                               connection=connection)
+        self.fence_lsn = fenced.lsn
         self.emit("fence", f"fence up at {fenced.lsn} after {fenced.attempts} attempt(s)")
 
     def do_drain(self) -> None:
-        lsn = self.journal.record().capture.get("fence_lsn")
-        if not lsn:  # journaled by the fence step; a rerun of the fence gives a later one
+        # The fence step's LSN (this run's, or journaled by an earlier run); a rerun of the
+        # fence gives a later one.
+        lsn = self.fence_lsn or self.journal.record().capture.get("fence_lsn")
+        if not lsn:
             lsn = self.backend.fence(terminate_blockers=self.terminate_blockers).lsn
-        self.wait(lambda: self.backend.drained(str(lsn)), timeout_s=self.mover.drain_timeout_s,
+
+        def drained() -> bool:
+            if self.backend.drained(str(lsn)):
+                return True
+            self.backend.flush_wal()  # not left to the servers' WAL writers (200 ms each)
+            return False
+
+        self.wait(drained, timeout_s=self.mover.drain_timeout_s,
                   what=f"the drain to the fence LSN {lsn}",
-                  describe=lambda: f"lag {self.backend.lag()} bytes", step="drain")
+                  describe=lambda: f"lag {self.backend.lag()} bytes", step="drain",
+                  pause_s=DRAIN_POLL_S, max_pause_s=DRAIN_POLL_S)
         self.journal.done("drain", {"fence_lsn": lsn})
 
     def do_verify(self) -> None:
@@ -754,7 +811,8 @@ class _Run:
         self.emit("verify", f"source and target agree ({result.scope} rows): {rows}")
 
     def do_drop_old_fence(self) -> None:
-        dropped = drop_old_fences(self.mover, self.record)
+        # On the held session of the pause (drop_old_fences opens its own).
+        dropped = _drop_fences(self.mover, self.record, self.backend.shard_fences_on_target())
         self.journal.done("drop_old_fence", {"dropped": dropped})
         if dropped:
             self.emit("drop_old_fence", f"dropped an earlier move's fence on "
@@ -883,20 +941,13 @@ def drop_old_fences(mover: ShardMover, record: MoveRecord) -> list[str]:
     """Drop the fences an earlier move of this shard away from ``record.target`` left there:
     the flip is about to make it the shard's write target. Found by the fence function and its
     first argument (the shard), dropped like an abort drops a fence (bounded lock wait)."""
-    server = mover._server(record.target, "target")
-    with Connector(server.endpoint, "target").session() as t:
-        oids = []
-        for table in mover.tables:
-            quoted = ".".join(f'"{part}"' for part in table.name.split("."))
-            found = t.execute("SELECT to_regclass(%s)::oid", (quoted,)).fetchone()
-            if found and found[0] is not None:
-                oids.append(int(found[0]))
-        rows = t.execute(
-            r"""SELECT tgname::text FROM pg_trigger
-                WHERE tgrelid = ANY (%s) AND tgfoid = to_regprocedure(%s)
-                AND split_part(encode(tgargs, 'escape'), '\000', 1) = %s""",
-            (oids, f"{FENCE_FUNCTION}()", str(record.shard))).fetchall()
-    old_moves = sorted({int(m.group(1)) for (name,) in rows
+    names = mover._backend(record.id, record.shard, record.source,
+                           record.target).shard_fences_on_target()
+    return _drop_fences(mover, record, names)
+
+
+def _drop_fences(mover: ShardMover, record: MoveRecord, names: Sequence[str]) -> list[str]:
+    old_moves = sorted({int(m.group(1)) for name in names
                         if (m := _OLD_FENCE.match(name)) and int(m.group(1)) != record.id})
     dropped: list[str] = []
     for old in old_moves:
