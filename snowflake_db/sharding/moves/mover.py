@@ -811,7 +811,8 @@ class _Run:
         self.emit("verify", f"source and target agree ({result.scope} rows): {rows}")
 
     def do_drop_old_fence(self) -> None:
-        # On the held session of the pause (drop_old_fences opens its own).
+        # Fences an earlier move of this shard away from this target left there: the flip is
+        # about to make it the shard's write target. Found on the held session of the pause.
         dropped = _drop_fences(self.mover, self.record, self.backend.shard_fences_on_target())
         self.journal.done("drop_old_fence", {"dropped": dropped})
         if dropped:
@@ -937,16 +938,9 @@ class _Run:
         self.emit("abort", f"aborted: shard {self.record.shard} served by {self.record.source}")
 
 
-def drop_old_fences(mover: ShardMover, record: MoveRecord) -> list[str]:
-    """Drop the fences an earlier move of this shard away from ``record.target`` left there:
-    the flip is about to make it the shard's write target. Found by the fence function and its
-    first argument (the shard), dropped like an abort drops a fence (bounded lock wait)."""
-    names = mover._backend(record.id, record.shard, record.source,
-                           record.target).shard_fences_on_target()
-    return _drop_fences(mover, record, names)
-
-
 def _drop_fences(mover: ShardMover, record: MoveRecord, names: Sequence[str]) -> list[str]:
+    """Drop the earlier moves' fences named ``names`` (by the fence function and its shard
+    argument), as an abort drops a fence (bounded lock wait)."""
     old_moves = sorted({int(m.group(1)) for name in names
                         if (m := _OLD_FENCE.match(name)) and int(m.group(1)) != record.id})
     dropped: list[str] = []
