@@ -29,7 +29,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import BigInteger, String, create_engine
+from sqlalchemy import BigInteger, MetaData, String, create_engine, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from snowflake_db import SnowflakeGenerator
@@ -46,6 +46,7 @@ from snowflake_db.sharding.moves import (
 from snowflake_db.sharding.routing import ControlledShardRouter
 from snowflake_db.sharding.shard_map import read_shard_map
 from snowflake_db.sqlalchemy.sharding import ShardedRouting, sharded_sessionmaker
+from snowflake_db.worker import worker_tables
 
 from ..plugins.shard_moves import (
     BOTH_CONF,
@@ -515,12 +516,21 @@ def test_a_writer_frozen_across_the_whole_move(clusters: Clusters, tmp_path: Pat
             process.send_signal(signal.SIGSTOP)
             frozen_at = len(lines)
             frozen_ms = int(time.time() * 1000)
-            # Frozen with a live lease: the barrier waits for it to report or lapse.
-            events: list[str] = []
-            move_id = setup.mover(progress_every_s=0.2).move(
-                SHARD, "b", progress=lambda e: events.append(str(e)))
-            assert any(f"waiting for worker IDs [{worker_id}]" in e for e in events), events
+            # Frozen with a live lease: the mover's announce step (before the fence) waits for
+            # it to report the moving map or to lapse. Judged by the database's clock: the
+            # journal's announce line against the lease's end (frozen, it renews no more), as
+            # on a loaded machine the copy alone can outlast the 3 s lease.
+            mover = setup.mover(progress_every_s=0.2)
+            move_id = mover.move(SHARD, "b")
             assert len(lines) == frozen_at  # it stayed frozen throughout
+            slots = worker_tables(MetaData()).slots
+            with setup.control.connect() as connection:
+                expired_at_ms = connection.execute(
+                    select(slots.c.expires_at_ms).where(slots.c.worker_id == worker_id)
+                ).scalar_one()
+            [announced_ms] = [row.at_ms for row in mover.status(move_id).journal
+                              if (row.step, row.status) == ("announce", "done")]
+            assert announced_ms >= expired_at_ms, (announced_ms, expired_at_ms)
             process.send_signal(signal.SIGCONT)
             wait_until(lambda: sum("acked" in line for line in lines[frozen_at:]) >= 20,
                        timeout_s=30, what="the writer writing again")
