@@ -664,19 +664,8 @@ class ControlledShardRouter(ShardRouter):
             if self._checked_from >= since:
                 return
             began = monotonic()
-            try:
-                self._reload_if_changed()
-                self.last_error = None
-            except Exception as error:
-                self.last_error = error
-                logger.warning(
-                    "snowflake_db: checking the shard map for a moving shard failed (%s: %s); "
-                    "routing with version %s", type(error).__name__, error,
-                    self._snapshot.map and self._snapshot.map.version,
-                )
-                return
-            self._checked_from = began
-            self._next_check = began + self.refresh_s
+            if self._checked(began, failing="for a moving shard", raise_errors=False):
+                self._next_check = began + self.refresh_s
 
     def refresh_after_miss(self) -> bool:
         """A read by ID, key or public number found nothing: check the map's version now (one
@@ -710,22 +699,30 @@ class ControlledShardRouter(ShardRouter):
             if not force and now < self._next_check:
                 return
             self._next_check = now + self.refresh_s
-            try:
-                self._reload_if_changed()
-                self._checked_from = now
-                self.last_error = None
-            except Exception as error:
-                self.last_error = error
-                if force:
-                    raise
-                logger.warning(
-                    "snowflake_db: checking the shard map failed (%s: %s); routing with "
-                    "version %s until the next check",
-                    type(error).__name__, error, self._snapshot.map and self._snapshot.map.version,
-                )
+            self._checked(now, failing="until the next check", raise_errors=force)
         finally:
             self._lock.release()
         self._ensure_thread()
+
+    def _checked(self, began: float, *, failing: str, raise_errors: bool) -> bool:
+        """One check, under the lock, that began at ``began``: reload the map if its version
+        changed. A failure is kept in :attr:`last_error` and raised, or logged (the current map
+        stays, ``failing`` says for how long); returns whether the check succeeded."""
+        try:
+            self._reload_if_changed()
+        except Exception as error:
+            self.last_error = error
+            if raise_errors:
+                raise
+            logger.warning(
+                "snowflake_db: checking the shard map failed (%s: %s); routing with version %s %s",
+                type(error).__name__, error, self._snapshot.map and self._snapshot.map.version,
+                failing,
+            )
+            return False
+        self._checked_from = began
+        self.last_error = None
+        return True
 
     def _reload_if_changed(self) -> None:
         from .shard_map import read_map_version, read_shard_map
