@@ -297,7 +297,10 @@ class ShardRouter:
 
     def target_of_shard(self, shard: int) -> str:
         """The target holding logical ``shard``."""
-        self._check_shard(shard)
+        return self._target_of(self._check_shard(shard))
+
+    def _target_of(self, shard: int) -> str:
+        """The target of a shard already checked (routing by key and by ID computes it)."""
         return self._mapping[shard]
 
     def refresh_after_miss(self) -> bool:
@@ -342,10 +345,10 @@ class ShardRouter:
         return splitmix64(value) % self.logical_shards
 
     def target_for_key(self, key: ShardKey) -> str:
-        return self.target_of_shard(self.shard_for_key(key))
+        return self._target_of(self.shard_for_key(key))
 
     def target_for_id(self, snowflake_id: int) -> str:
-        return self.target_of_shard(self.shard_of_id(snowflake_id))
+        return self._target_of(self.shard_of_id(snowflake_id))
 
     def fan_out(self) -> FanOut:
         """The targets a query without a shard key reads. A fixed router's targets hold only
@@ -643,13 +646,12 @@ class ControlledShardRouter(ShardRouter):
         self._check(force=True)
         return self.version
 
-    def target_of_shard(self, shard: int) -> str:
-        """The target holding logical ``shard``. A shard that is not ``serving`` can flip to
-        its new target at any moment: it is routed with the map as of this call (one version
-        read of the control database, shared by the calls that wait for it), so a read never
-        looks on the old target for an order acknowledged on the new one. A move publishes the
-        ``moving`` state and waits until every leased process has seen it before it flips."""
-        self._check_shard(shard)
+    def _target_of(self, shard: int) -> str:
+        """A shard that is not ``serving`` can flip to its new target at any moment: it is
+        routed with the map as of this call (one version read of the control database, shared
+        by the calls that wait for it), so a read never looks on the old target for an order
+        acknowledged on the new one. A move publishes the ``moving`` state and waits until every
+        leased process has seen it before it flips."""
         self._follow()
         shard_map = self._snapshot.map
         if shard_map is not None and shard_map.rows[shard].state != "serving":
