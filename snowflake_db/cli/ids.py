@@ -31,21 +31,31 @@ _LAYOUT_INT_OPTIONS = (
 )
 
 
-def add_layout_options(parser: argparse.ArgumentParser) -> None:
-    """The options describing a layout, shared by every command that needs one."""
-    group = parser.add_argument_group("layout (defaults: 41/10/12 bits, epoch 2020-01-01)")
+def add_layout_options(parser: argparse.ArgumentParser, *, title: str | None = None,
+                       unset: bool = False) -> None:
+    """The options describing a layout, shared by every command that needs one. ``unset``:
+    an option not given stays ``None`` (:func:`layout_given` says whether any was), for a
+    command that can take the layout from elsewhere."""
+    group = parser.add_argument_group(
+        title or "layout (defaults: 41/10/12 bits, epoch 2020-01-01)")
     defaults = Layout().as_kwargs()
     for name, default in defaults.items():
         if name == "epoch_ms":
             group.add_argument(
                 "--epoch",
-                default=str(DEFAULT_EPOCH_MS),
+                default=None if unset else str(DEFAULT_EPOCH_MS),
                 help="Unix milliseconds, or an ISO 8601 date or time; without a zone it means "
                 "UTC (2020-01-01 is 2020-01-01T00:00:00Z)",
             )
         else:
-            group.add_argument(_option(name), type=int, default=default,
+            group.add_argument(_option(name), type=int, default=None if unset else default,
                                metavar="MS" if name == "tick_ms" else "N")
+
+
+def layout_given(args: argparse.Namespace) -> bool:
+    """Whether any layout option was given (options added with ``unset=True``)."""
+    return any(getattr(args, name) is not None
+               for name in (*LAYOUT_FIELDS, "epoch") if name != "epoch_ms")
 
 
 def _option(name: str) -> str:
@@ -53,6 +63,10 @@ def _option(name: str) -> str:
 
 
 def layout_from_args(args: argparse.Namespace) -> Layout:
+    defaults = {**Layout().as_kwargs(), "epoch": str(DEFAULT_EPOCH_MS)}
+    for name, default in defaults.items():  # options added with unset=True, not given
+        if hasattr(args, name) and getattr(args, name) is None:
+            setattr(args, name, default)
     for name, minimum, maximum in _LAYOUT_INT_OPTIONS:
         value = getattr(args, name)
         if value < minimum:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import CommandError, SnowflakeError
 from ..process import WORKER_URL_ENV
 from . import EXIT_FAILURE
-from .ids import add_layout_options, layout_from_args
+from .ids import add_layout_options, layout_from_args, layout_given
 from .urls import resolve_url
 
 if TYPE_CHECKING:
@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     init_.add_argument("--assign", action="append", default=[], metavar="NAME",
                        help="targets the logical shards are spread over at first (round robin; "
                        "default: every --target); the others are registered, empty")
-    add_layout_options(init_)
+    add_layout_options(init_, unset=True, title="layout (the first time; run again without "
+                       "them, the map's own; defaults: 41/10/12 bits, epoch 2020-01-01)")
     init_.set_defaults(handler=_init_command, command_path="shards init")
     show = actions.add_parser("show", help="the map: version, shards per target, moves")
     _control_option(show)
@@ -166,14 +167,17 @@ def _print(text: str) -> None:
 # -- the actions, shared with manage.py ----------------------------------------------------------
 
 
-def init(control: Any, targets: Mapping[str, Any], *, layout: Layout, assign: Sequence[str],
-         schema: str | None, write: Write) -> None:
+def init(control: Any, targets: Mapping[str, Any], *, layout: Layout | None,
+         assign: Sequence[str], schema: str | None, write: Write) -> None:
     """Create the tables, place the shards on ``assign`` (default: every target) the first
-    time, register every target."""
+    time, register every target. ``layout`` ``None``: the existing map's, or the default
+    layout for a new map."""
+    from ..layout import Layout
     from ..sharding.shard_map import (
         add_target,
         control_engine,
         create_shard_map_tables,
+        existing_layout,
         init_shard_map,
     )
 
@@ -187,6 +191,8 @@ def init(control: Any, targets: Mapping[str, Any], *, layout: Layout, assign: Se
     engine, created = control_engine(control)
     try:
         create_shard_map_tables(engine, schema=schema)
+        if layout is None:
+            layout = existing_layout(engine, schema=schema) or Layout()
         current = init_shard_map(engine, layout=layout, assignment=list(assign or targets),
                                  backend=backends, schema=schema)
         for name in targets:
@@ -378,7 +384,7 @@ def _run(action: Callable[[], int | None], command: str) -> int:
 
 
 def _init_command(args: argparse.Namespace) -> int:
-    layout = layout_from_args(args)
+    layout = layout_from_args(args) if layout_given(args) else None
     control, targets = _control_url(args), parse_targets(args.target)
     return _run(lambda: init(control, targets, layout=layout, assign=args.assign,
                              schema=args.schema, write=_print), "shards init")

@@ -345,6 +345,17 @@ def read_shard_map(bind: Engine | Connection, *, schema: str | None = None) -> S
         return _read(connection, tables)
 
 
+def existing_layout(bind: Engine | Connection, *, schema: str | None = None) -> Layout | None:
+    """The layout of the map already written, or ``None`` before :func:`init_shard_map` (so
+    that initialising again needs no layout repeated)."""
+    tables = _tables(schema)
+    with _transaction(bind) as connection:
+        head = connection.execute(
+            select(tables.version.c.version).where(tables.version.c.singleton == _SINGLETON)
+        ).first()
+        return None if head is None else _read(connection, tables).layout
+
+
 def _read(connection: Connection, tables: ShardMapTables) -> ShardMap:
     head = connection.execute(
         select(tables.version.c.version, tables.version.c.layout, tables.version.c.changed_at_ms)

@@ -493,13 +493,19 @@ def test_shards_init_and_show(setup: Setup, capsys: pytest.CaptureFixture[str]) 
     assert "a (postgresql): 8 shard(s): 0, 2, 4" in out and "c (postgresql): 0 shard(s)" in out
     assert main(argv) == 0  # again: nothing changes
     assert "version 1," in capsys.readouterr().out
+    # Again without the layout's options, registering a target: the map's own layout.
+    assert main([*argv[:10], "--target", f"d={url}"]) == 0
+    out = capsys.readouterr().out
+    assert "version 1, 16 logical shards" in out and "d (postgresql): 0 shard(s)" in out
+    assert main([*argv[:10], "--sequence-bits", "9", "--shard-bits", "3"]) == 2  # another layout
+    assert "layout" in capsys.readouterr().err
     assert main(["shards", "show", "--control", control, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["targets"]["b"]["shards"] == list(range(1, 16, 2))
     engine = create_engine(control)
     try:
         assert read_shard_map(engine).targets == {"a": "postgresql", "b": "postgresql",
-                                                  "c": "postgresql"}
+                                                  "c": "postgresql", "d": "postgresql"}
     finally:
         engine.dispose()
 
