@@ -6,7 +6,12 @@ Starts two throwaway PostgreSQL clusters (``wal_level = logical``,
 table and shard map) and the shop's tables with real Snowflake keys over 16 logical shards, all
 served by the first cluster. Loads ``--rows-per-shard`` orders per shard, starts ``--writers``
 order PROCESSES (leased worker IDs, routing by the map, placing and updating orders through
-``run_transaction``, which retries a write the fence refused), measures a baseline, pipes the
+``run_transaction``, which retries a write the fence refused), measures their capacity (writes
+one after the other) and then has them write on a schedule at ``--offered-share`` of it (0.5 by
+default: a shop's orders arrive at the rate customers place them, and its servers do not run
+flat out; the writers, both clusters and the mover share this machine's cores, so writers
+running flat out would measure the move's CPU rather than whether it holds their writes up;
+``--offered-share 0`` runs them flat out), measures a baseline, pipes the
 moving shard's rows with ``COPY ... TO STDOUT`` into ``COPY ... FROM STDIN`` on the second
 cluster (a scratch database, under the same writers), then moves the shard with
 ``ShardMover`` and keeps writing for a moment. Prints one table::
@@ -15,8 +20,10 @@ cluster (a scratch database, under the same writers), then moves the shard with
 
 ``--check`` exits 1 when a target is missed and names it: 0 acknowledged orders lost or
 doubled; the moving shard's pause (p99 latency of its writes begun between the fence and the
-flip, minus the baseline p99 of all writes) at most 1 s; the other shards' write rate during
-the move at least 0.8x the baseline; the subscription's copy at least 0.5x the pipe's rows/s.
+flip, minus its baseline p99; a fifth process, the probe, writes to that shard only, one write
+after the other) at most 1 s; the other shards' write rate during
+the move at least 0.8x the baseline (their p99 latency is shown beside it); the
+subscription's copy at least 0.5x the pipe's rows/s.
 """
 
 from __future__ import annotations
@@ -143,14 +150,25 @@ def run(args: argparse.Namespace) -> int:
 
         configure_worker(shop.control_url)
         processes: grow.OrderProcesses | None = None
+        probe: grow.OrderProcesses | None = None
         try:
             with grow.shop_session(shop) as (_, factory):
                 loaded = load(shop, factory, args.rows_per_shard)
                 customers = grow.add_customers(factory, 64)
+                # One more process writes only to the moving shard, one write after the
+                # other: enough of its writes fall between the fence and the flip to measure
+                # the pause, whatever the writers' schedule.
+                probe = grow.OrderProcesses(shop, shard_customers(factory, shard, 4), 1,
+                                            think_s=args.think_ms / 1000)
                 processes = grow.OrderProcesses(shop, customers, args.writers,
                                                 think_s=args.think_ms / 1000)
                 processes.wait_for_writes(20 * args.writers)  # every process is writing
+                probe.wait_for_writes(20)
                 time.sleep(args.warmup_s)
+                capacity = measure_capacity(processes, args.calibrate_s)
+                if args.offered_share > 0:
+                    processes.pace.value = args.offered_share * capacity / args.writers
+                    time.sleep(args.warmup_s)
                 baseline_start = time.time()
                 time.sleep(args.baseline_s)
                 baseline_end = time.time()
@@ -168,21 +186,48 @@ def run(args: argparse.Namespace) -> int:
                 time.sleep(args.after_s)
                 writes, problems = processes.stop()
                 processes = None
-            audit = grow.audit_orders(shop, writes)
+                probe_writes, probe_problems = probe.stop()
+                probe = None
+            audit = grow.audit_orders(shop, writes + probe_writes)
             journal = journal_times(shop, move_id)
         finally:
-            if processes is not None:
-                processes.stop(timeout_s=30)
+            for running in (processes, probe):
+                if running is not None:
+                    running.stop(timeout_s=30)
             snowflake_db.process.reset()
-    return report(args, loaded=loaded, writes=writes, problems=problems, audit=audit,
+    return report(args, loaded=loaded, writes=writes, probe_writes=probe_writes,
+                  problems=problems + probe_problems, audit=audit,
                   journal=journal, events=events, baseline=(baseline_start, baseline_end),
-                  pipe=(pipe_rows, pipe_s))
+                  pipe=(pipe_rows, pipe_s), capacity=capacity)
+
+
+def shard_customers(factory: Any, shard: int, count: int) -> list[int]:
+    """``count`` new customers on logical shard ``shard``."""
+    from example_project.sqlalchemy_shop import Customer
+    from snowflake_db.sharding import ShardRouter
+
+    router = ShardRouter([SOURCE], layout=SHOP_LAYOUT)
+    generator = snowflake_db.process.get_generator()
+    with factory() as session, session.begin():
+        customers = [Customer(id=router.new_id(shard=shard, generator=generator),
+                              name=f"probe {n}") for n in range(count)]
+        session.add_all(customers)
+    return [c.id for c in customers]
+
+
+def measure_capacity(processes: grow.OrderProcesses, seconds: float) -> float:
+    """Writes per second of all the writers one after the other (as fast as the servers
+    answer), over ``seconds``."""
+    before, started = processes.acknowledged.value, time.monotonic()
+    time.sleep(seconds)
+    return (processes.acknowledged.value - before) / (time.monotonic() - started)
 
 
 def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],
-           problems: list[str], audit: grow.Audit, journal: dict[str, tuple[float, float]],
+           probe_writes: list[grow.Write], problems: list[str], audit: grow.Audit,
+           journal: dict[str, tuple[float, float]],
            events: list[tuple[float, str, str, dict[str, Any]]], baseline: tuple[float, float],
-           pipe: tuple[int, float]) -> int:
+           pipe: tuple[int, float], capacity: float) -> int:
     shard = args.shard
     move_start, move_end = journal["check"][0], journal["finish"][1]
     fence_at, flip_at = journal["fence"][0], journal["flip"][1]
@@ -202,35 +247,45 @@ def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],
                   else loaded // 16)
     pipe_rows, pipe_s = pipe
     in_base = [w for w in writes if baseline[0] <= w.started < baseline[1]]
-    base_p99 = p99([w.latency for w in in_base])
-    cutover = [w.latency for w in writes if w.shard == shard and fence_at <= w.started <= flip_at]
+    moving = [w for w in writes + probe_writes if w.shard == shard]
+    base_p99 = p99([w.latency for w in moving if baseline[0] <= w.started < baseline[1]])
+    cutover = [w.latency for w in moving if fence_at <= w.started <= flip_at]
     pause = max(0.0, p99(cutover) - base_p99) if cutover else 0.0
     others_before = sum(1 for w in in_base if w.shard != shard) / (baseline[1] - baseline[0])
     others_during = sum(1 for w in writes if w.shard != shard
                         and move_start <= w.started < move_end) / (move_end - move_start)
     other_ratio = others_during / others_before if others_before else 0.0
+    others_p99_before = p99([w.latency for w in in_base if w.shard != shard])
+    others_p99_during = p99([w.latency for w in writes if w.shard != shard
+                             and move_start <= w.started < move_end])
     sub_rate = shard_rows / copy_s if copy_s > 0 else 0.0
     pipe_rate = pipe_rows / pipe_s if pipe_s > 0 else 0.0
     copy_ratio = sub_rate / pipe_rate if pipe_rate else 0.0
     lost = len(audit.lost) + len(audit.stale)
     doubled = len(audit.doubled) + len(audit.misplaced)
-    moving_writes = sum(1 for w in writes if w.shard == shard)
+    moving_writes = len(moving)
     rows = [
         ("rows loaded (16 shards)", f"{loaded:,}", ""),
         ("writer processes / writes acknowledged", f"{args.writers} / {len(writes):,}",
-         f"{moving_writes:,} of them on shard {shard}"),
+         f"and a probe writing to shard {shard} only: {len(probe_writes):,}; "
+         f"{moving_writes:,} writes on shard {shard} in all"),
+        ("writers' capacity / offered rate", f"{capacity:.0f}/s",
+         f"offered {args.offered_share * capacity:.0f}/s ({args.offered_share:g} of capacity, "
+         f"on a schedule)" if args.offered_share > 0 else "offered: one write after the other"),
         ("acknowledged orders lost / duplicated", f"{lost} / {doubled}",
          f"target 0 / 0 (lost: missing {len(audit.lost)}, wrong total {len(audit.stale)}; "
          f"duplicated: on two servers {len(audit.doubled)}, misplaced {len(audit.misplaced)})"),
         ("moving shard's pause at cutover", f"{pause:.3f} s",
          f"target <= 1 s; p99 {p99(cutover):.3f} s of {len(cutover)} writes begun between "
-         f"fence and flip ({flip_at - fence_at:.2f} s) minus baseline p99 {base_p99:.3f} s"),
+         f"fence and flip ({flip_at - fence_at:.2f} s) minus the shard's baseline p99 "
+         f"{base_p99:.3f} s"),
         ("cutover steps (s)", f"{flip_at - fence_at:.3f} s",
          "; ".join(f"{step} {journal[step][1] - journal[step][0]:.3f}"
                    for step in ("fence", "drain", "verify", "drop_old_fence", "flip")
                    if step in journal)),
         ("other shards' write rate during / before", f"{other_ratio:.2f}x",
-         f"target >= 0.8x; {others_during:.0f}/s vs {others_before:.0f}/s"),
+         f"target >= 0.8x; {others_during:.0f}/s vs {others_before:.0f}/s; their p99 "
+         f"{others_p99_during * 1000:.0f} ms vs {others_p99_before * 1000:.0f} ms"),
         ("copy: subscription vs COPY pipe", f"{copy_ratio:.2f}x",
          f"target >= 0.5x; {shard_rows:,} rows in {copy_s:.2f} s vs {pipe_rows:,} rows in "
          f"{pipe_s:.2f} s"),
@@ -266,15 +321,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--think-ms", type=float, default=5.0,
                         help="pause of each writer between its writes (default 5 ms)")
     parser.add_argument("--shard", type=int, default=5, help="the logical shard moved")
+    parser.add_argument("--offered-share", type=float, default=0.5,
+                        help="the writers place orders on a schedule at this share of their "
+                        "measured capacity (default 0.5); 0: one after the other, as fast as "
+                        "the servers answer")
     args = parser.parse_args(argv)
     if args.rows_per_shard is None:
         args.rows_per_shard = 1_000 if args.quick else 25_000
     if not 1 <= args.rows_per_shard <= 2_000_000 or not 1 <= args.writers <= 16 \
-            or not 0 <= args.shard < 16:
-        parser.error("--rows-per-shard 1..2,000,000, --writers 1..16, --shard 0..15")
+            or not 0 <= args.shard < 16 or not 0 <= args.offered_share <= 1:
+        parser.error("--rows-per-shard 1..2,000,000, --writers 1..16, --shard 0..15, "
+                     "--offered-share 0..1")
     args.warmup_s = 1.0
     args.baseline_s = 2.0 if args.quick else 5.0
     args.after_s = 1.0
+    args.calibrate_s = 2.0 if args.quick else 4.0
     return run(args)
 
 

@@ -168,11 +168,17 @@ class Write:
 
 def order_process(shop: GrowingShop, customers: list[int], seed: int, stop: Any,
                   results: Any, *, acknowledged: Any = None, think_s: float = 0.005,
-                  update_share: float = 0.3, max_seconds: float = 600.0) -> None:
+                  pace: Any = None, update_share: float = 0.3, max_seconds: float = 600.0
+                  ) -> None:
     """Place orders (one or two items) for random customers and update some of its own, until
     ``stop`` is set (or ``max_seconds``); every write through ``run_transaction``, so a write
     the fence refused is retried on the shard's new server. Puts its list of :class:`Write`
-    on ``results``."""
+    on ``results``.
+
+    Writes follow each other after ``think_s``, as fast as the servers answer; while ``pace``
+    (a shared ``Value('d')``) holds a positive rate, they start on a schedule of that many per
+    second instead, as a shop's orders arrive: a write the servers held up is late, and a
+    schedule more than 0.1 s behind is not caught up (the writes it missed are not made)."""
     from snowflake_db.sqlalchemy.sharding import run_transaction
 
     from .sqlalchemy_shop import Order, OrderItem
@@ -183,9 +189,16 @@ def order_process(shop: GrowingShop, customers: list[int], seed: int, stop: Any,
     writes: list[Write] = []
     mine: list[int] = []
     deadline = time.monotonic() + max_seconds
+    due = time.monotonic()
     try:
         with shop_session(shop, generator=generator) as (router, factory):
             while not stop.is_set() and time.monotonic() < deadline:
+                rate = pace.value if pace is not None else 0.0
+                if rate > 0:
+                    now = time.monotonic()
+                    due = max(due + 1 / rate, now - 0.1)
+                    if due > now:
+                        time.sleep(due - now)
                 total = rng.randrange(100, 100_000)
                 started, clock = time.time(), time.perf_counter()
                 if mine and rng.random() < update_share:
@@ -221,7 +234,7 @@ def order_process(shop: GrowingShop, customers: list[int], seed: int, stop: Any,
                 if acknowledged is not None:
                     with acknowledged.get_lock():
                         acknowledged.value += 1
-                if think_s:
+                if think_s and not (pace is not None and pace.value > 0):
                     time.sleep(think_s)
     finally:
         results.put((seed, writes))
@@ -239,10 +252,13 @@ class OrderProcesses:
         self._results = context.Queue()
         #: Writes acknowledged so far, by all processes.
         self.acknowledged = context.Value("q", 0)
+        #: Each process's scheduled writes per second; 0: one after the other (order_process).
+        self.pace = context.Value("d", 0.0)
         self.processes = [
             context.Process(target=order_process, args=(shop, customers, seed, self._stop,
                                                         self._results),
-                            kwargs={"acknowledged": self.acknowledged, **options})
+                            kwargs={"acknowledged": self.acknowledged, "pace": self.pace,
+                                    **options})
             for seed in range(count)
         ]
         for process in self.processes:
