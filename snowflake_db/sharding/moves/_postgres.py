@@ -507,7 +507,7 @@ class PostgresMoveBackend:
         first did)."""
         with self._source.session() as s:
             if not self._slot_exists(s):
-                raise ShardMoveError(f"lag: slot {self.name} does not exist on the source")
+                raise ShardMoveError(f"backlog: slot {self.name} does not exist on the source")
             lag: int | None = _one(
                 s, """SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
                       FROM pg_replication_slots WHERE slot_name = %s""", (self.name,))
