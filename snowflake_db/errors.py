@@ -6,6 +6,11 @@ so code that already catches ``ValueError`` keeps working.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .sharding.moves._results import Blocker, Verification
+
 
 class SnowflakeError(Exception):
     """Base class of every snowflake_db error."""
@@ -204,6 +209,25 @@ class MoveStoppedError(ShardMoveError):
         super().__init__(message)
         self.move_id = move_id
         self.step = step
+
+
+class FenceBlockedError(ShardMoveError):
+    """A move's fence (or another lock it needs on the moving tables) was not granted within
+    its budget; ``blockers`` are the sessions that held conflicting locks at the last attempt.
+    Nothing was created."""
+
+    def __init__(self, message: str, *, blockers: tuple[Blocker, ...]) -> None:
+        super().__init__(message)
+        self.blockers = blockers
+
+
+class VerificationMismatchError(ShardMoveError):
+    """The shard's rows differ between a move's source and target; ``verification`` holds
+    both sides' results."""
+
+    def __init__(self, message: str, *, verification: Verification) -> None:
+        super().__init__(message)
+        self.verification = verification
 
 
 # -- command line -----------------------------------------------------------------------------

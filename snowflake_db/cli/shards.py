@@ -1,5 +1,5 @@
 """``snowflake-db shards init|show|plan|move``: the shard map in the control database and online
-moves of logical shards between PostgreSQL servers.
+moves of logical shards between two servers of the same backend (PostgreSQL or MariaDB).
 
 Targets are given as ``--target NAME=URL`` on every call and never stored (the control
 database holds names only; URLs carry passwords). ``move`` journals every step in the control
@@ -38,8 +38,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "shards",
         help="the shard map in the control database; move logical shards online",
         description="Initialise and show the shard map in the control database, plan and run "
-        "online moves of logical shards between PostgreSQL servers (wal_level = logical). "
-        "Targets are --target NAME=URL, never stored.",
+        "online moves of logical shards between two servers of the same backend (PostgreSQL "
+        "with wal_level = logical, or MariaDB). Targets are --target NAME=URL, never stored.",
     )
     actions = shards.add_subparsers(dest="action", required=True, metavar="ACTION")
     init_ = actions.add_parser("init", help="create the map's tables and place every logical "

@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import MetaData, create_engine, insert
+from sqlalchemy import MetaData, create_engine, insert, update
 
 from snowflake_db import SnowflakeGenerator
 from snowflake_db.cli import main
@@ -273,6 +273,44 @@ def test_mover_killed_after_each_journaled_step_then_resumed(
         out = capsys.readouterr().out
         assert f"move {move_id}: shard {shard} a -> b, done" in out, out
         assert_moved(setup, shard, before, move_id)
+
+
+def test_a_journal_written_before_other_backends_resumes_from_its_fence_lsn(
+    setup: Setup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A move killed after its fence by a mover of the PostgreSQL-only releases: its capture
+    record held the drain point as ``fence_lsn`` (and the fence line ``lsn``). The resume
+    drains to that LSN, not to a new one (a later LSN would also drain: only the journaled
+    drain point tells them apart)."""
+    shard = 12
+    before = setup.rows("a", shard)
+    # Killed once the drain began: the fence's line (and the capture record) committed.
+    move_id = _kill_mover_after(setup, shard, "drain", "started")
+    tables = shard_map_tables(MetaData())
+    mover = setup.mover()
+    written = mover.status(move_id).move.capture
+    old_lsn = written["fence_position"]
+    # The capture record and journal lines exactly as the old mover wrote them.
+    old_capture = {"publication": f"sfdb_move_{move_id}", "slot": f"sfdb_move_{move_id}",
+                   "subscription": f"sfdb_move_{move_id}",
+                   "subscription_oid": written["subscription_oid"], "fence_lsn": old_lsn}
+    with setup.control.begin() as connection:
+        connection.execute(update(tables.moves).where(tables.moves.c.id == move_id)
+                           .values(capture=json.dumps(old_capture)))
+        steps = tables.move_steps
+        for step, detail in (("copy", {"subscription_oid": written["subscription_oid"]}),
+                             ("fence", {"lsn": old_lsn, "attempts": 1, "terminated": []})):
+            connection.execute(update(steps).where(
+                steps.c.move_id == move_id, steps.c.step == step, steps.c.status == "done")
+                .values(detail=json.dumps(detail)))
+    with setup.pair.connect("source") as a:  # the WAL moves on past the old fence LSN
+        a.execute("SELECT pg_logical_emit_message(false, 'test', 'x')")
+    assert main(setup.cli_move("--resume", str(move_id), "--force")) == 0
+    assert f"move {move_id}: shard {shard} a -> b, done" in capsys.readouterr().out
+    drain = [row for row in mover.status(move_id).journal
+             if row.step == "drain" and row.status == "done"]
+    assert [json.loads(row.detail or "{}") for row in drain] == [{"fence_position": old_lsn}]
+    assert_moved(setup, shard, before, move_id)
 
 
 # -- abort, a second mover, moving back -----------------------------------------------------------

@@ -1,37 +1,37 @@
-"""Online moves of a logical shard between PostgreSQL servers: the database steps.
+"""Online moves of a logical shard between two servers of one backend: the database steps.
 
 :class:`ShardMover` moves a shard with a journal in the control database, the shard map's
-states and flip, the cleanup barrier, resume and abort (:mod:`.mover`).
-:class:`PostgresMoveBackend` holds the steps of one move (``docs/design/shard-moves.md``):
-``check``, ``capture``, ``copy``, ``copy_progress``/``lag``, ``fence``, ``drained``,
-``verify``, ``unfence``, ``cleanup``, ``delete_source_rows``, ``delete_target_rows`` and
-``leftovers``. Each is idempotent and finds its objects by name, so it can run again after the
+states and flip, the cleanup barrier, resume and abort (:mod:`.mover`). It drives a
+:class:`MoveBackend`, the steps of one move (``docs/design/shard-moves.md``), chosen by the
+shard map's backend of the two servers (a move between two backends is refused):
+:class:`PostgresMoveBackend` between PostgreSQL servers (psycopg 3, the ``postgres`` extra;
+imported when first used), the MariaDB backend between MariaDB servers (PyMySQL, the ``mysql``
+extra). Each step is idempotent and finds its objects by name, so it can run again after the
 mover died. The journal, the shard map and the flip belong to the orchestration; the driver
 :func:`run_move_steps` runs the steps in order without them (tests, scripts).
-
-Needs psycopg 3 (the ``postgres`` extra).
 """
 
-from ...errors import MoverLeaseLostError, MoveStoppedError, StaticWorkersUnconfirmedError
+from typing import TYPE_CHECKING, Any
+
+from ...errors import (
+    FenceBlockedError,
+    MoverLeaseLostError,
+    MoveStoppedError,
+    StaticWorkersUnconfirmedError,
+    VerificationMismatchError,
+)
+from ._backend import MOVE_BACKEND_MEMBERS, MOVE_BACKENDS, MoveBackend, backend_class
 from ._connections import Endpoint
 from ._driver import MOVE_STEPS, run_move_steps, wait_until
-from ._postgres import (
-    FENCE_BYPASS_SETTING,
-    FENCE_FUNCTION,
-    FENCE_SQLSTATE,
-    PostgresMoveBackend,
-)
 from ._results import (
     Blocker,
     CleanupReport,
     CopyProgress,
-    FenceBlockedError,
     FenceResult,
     Leftovers,
     MovedTable,
     TableChecksum,
     Verification,
-    VerificationMismatchError,
 )
 from .mover import (
     FORWARD_STEPS,
@@ -44,11 +44,35 @@ from .mover import (
     ShardMover,
 )
 
+if TYPE_CHECKING:
+    from ._postgres import (
+        FENCE_BYPASS_SETTING,
+        FENCE_FUNCTION,
+        FENCE_SQLSTATE,
+        PostgresMoveBackend,
+    )
+
+#: Names of the PostgreSQL backend's module, imported when first asked for: a MariaDB move
+#: needs no psycopg.
+_POSTGRES_NAMES = frozenset({"FENCE_BYPASS_SETTING", "FENCE_FUNCTION", "FENCE_SQLSTATE",
+                             "PostgresMoveBackend"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _POSTGRES_NAMES:
+        from . import _postgres
+
+        return getattr(_postgres, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "FENCE_BYPASS_SETTING",
     "FENCE_FUNCTION",
     "FENCE_SQLSTATE",
     "FORWARD_STEPS",
+    "MOVE_BACKENDS",
+    "MOVE_BACKEND_MEMBERS",
     "MOVE_STEPS",
     "STATIC_WORKERS_STEP",
     "Blocker",
@@ -58,6 +82,7 @@ __all__ = [
     "FenceBlockedError",
     "FenceResult",
     "Leftovers",
+    "MoveBackend",
     "MovePlan",
     "MoveProgress",
     "MoveRecord",
@@ -72,6 +97,7 @@ __all__ = [
     "TableChecksum",
     "Verification",
     "VerificationMismatchError",
+    "backend_class",
     "run_move_steps",
     "wait_until",
 ]

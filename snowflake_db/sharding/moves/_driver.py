@@ -2,9 +2,10 @@
 
 The production mover journals each step in the control database and flips the shard map
 between ``verify`` and ``cleanup``; this driver does neither. It proves the path: check,
-capture, copy, wait until the copy is ready, wait until the lag is small, fence, wait for the
-first pass of the verification (before the fence), drain, verify (the second pass: only the
-rows written since the first), cleanup.
+capture, copy, wait until the copy is ready, wait until the backlog is small, fence, wait for
+the first pass of the verification (before the fence), drain, verify (the second pass: only the
+rows written since the first), cleanup. Every wait calls the backend's ``advance`` on each
+poll, as the mover does.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import ShardMoveError
-from ._postgres import PostgresMoveBackend
+from ._backend import MoveBackend
 
 #: The steps of :func:`run_move_steps`, in order (``stop_after`` takes one of them).
 MOVE_STEPS = ("check", "capture", "copy", "synced", "caught_up", "pre_verify", "fence",
@@ -34,45 +35,54 @@ def wait_until(predicate: Callable[[], bool], *, timeout_s: float, what: str,
 
 
 def run_move_steps(
-    backend: PostgresMoveBackend,
+    backend: MoveBackend,
     *,
     timeout_s: float = 60.0,
-    max_lag_bytes: int = 1 << 20,
+    max_backlog: int = 1 << 20,
     stop_after: str | None = None,
     terminate_blockers: bool = False,
     on_step: Callable[[str, Any], None] | None = None,
 ) -> dict[str, Any]:
     """Run :data:`MOVE_STEPS` in order (up to ``stop_after``); each wait is bounded by
-    ``timeout_s``. Returns each step's result by name; ``on_step(name, result)`` is called
-    after each one."""
+    ``timeout_s``; the copy catches up to ``max_backlog`` (in the backend's
+    ``backlog_unit``) before the fence. Returns each step's result by name;
+    ``on_step(name, result)`` is called after each one."""
     if stop_after is not None and stop_after not in MOVE_STEPS:
         raise ShardMoveError(f"stop_after {stop_after!r} is not one of {MOVE_STEPS}")
     results: dict[str, Any] = {}
-    fence_lsn: list[str] = []
+    fence_position: list[str] = []
 
     def fence() -> object:
         fenced = backend.fence(terminate_blockers=terminate_blockers)
-        fence_lsn.append(fenced.lsn)
+        fence_position.append(fenced.position)
         return fenced
 
+    def advancing(predicate: Callable[[], bool]) -> Callable[[], bool]:
+        def reached() -> bool:
+            backend.advance()
+            return predicate()
+        return reached
+
     def caught_up() -> int | None:
-        wait_until(lambda: (backend.lag() or 0) <= max_lag_bytes, timeout_s=timeout_s,
-                   what=f"lag below {max_lag_bytes} bytes", describe=backend.lag)
-        return backend.lag()
+        wait_until(advancing(lambda: (backend.backlog() or 0) <= max_backlog),
+                   timeout_s=timeout_s,
+                   what=f"backlog below {max_backlog} {backend.backlog_unit}",
+                   describe=backend.backlog)
+        return backend.backlog()
 
     actions: dict[str, Callable[[], object]] = {
         "check": backend.check,
         "capture": backend.capture,
         "copy": backend.copy,
-        "synced": lambda: wait_until(lambda: backend.copy_progress().synced,
+        "synced": lambda: wait_until(advancing(lambda: backend.copy_progress().synced),
                                      timeout_s=timeout_s, what="initial copy ready",
                                      describe=backend.copy_progress),
         "caught_up": caught_up,
         "pre_verify": lambda: backend.verify_before_fence(timeout_s=timeout_s),
         "fence": fence,
-        "drained": lambda: wait_until(lambda: backend.drained(fence_lsn[0]),
+        "drained": lambda: wait_until(advancing(lambda: backend.drained(fence_position[0])),
                                       timeout_s=timeout_s,
-                                      what=f"drain to the fence LSN {fence_lsn[0]}"),
+                                      what=f"drain to the fence position {fence_position[0]}"),
         "verify": backend.verify,
         "cleanup": backend.cleanup,
     }

@@ -16,25 +16,33 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.pq import TransactionStatus
+from ...errors import (
+    FenceBlockedError,
+    InvalidArgumentError,
+    MissingExtraError,
+    ShardMoveError,
+    VerificationMismatchError,
+)
 
-from ...errors import InvalidArgumentError, ShardMoveError
+try:
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    from psycopg.pq import TransactionStatus
+except ImportError as error:  # pragma: no cover - the postgres extra is missing
+    raise MissingExtraError(__name__, package="psycopg", extra="postgres") from error
+
 from ...layout import Layout
 from ._connections import CONNECT_TIMEOUT_S, Connector, Endpoint
 from ._results import (
     Blocker,
     CleanupReport,
     CopyProgress,
-    FenceBlockedError,
     FenceResult,
     Leftovers,
     MovedTable,
     TableChecksum,
     Verification,
-    VerificationMismatchError,
 )
 
 #: SQLSTATE of a write refused by a fence (the library maps it to ShardMovedError).
@@ -109,7 +117,7 @@ _CHECKSUM_SETTINGS = (
 )
 
 _IDLE = TransactionStatus.IDLE
-#: One round trip that makes a server's WAL durable up to now (see ``flush_wal``).
+#: One round trip that makes a server's WAL durable up to now (see ``flush``).
 #: Only when some WAL is not flushed yet: otherwise nothing is written. A transaction that
 #: only took an XID commits without flushing (it wrote no WAL before its commit record), so
 #: it writes a transactional logical message (prefix ``sfdb_flush``; pgoutput passes messages
@@ -146,7 +154,13 @@ class PostgresMoveBackend:
     ``pg_stat_activity`` and logs it if it fails). ``target_name`` is the shard map's name of
     the target, written into the fence's error for the application. List ``tables`` parents
     first: rows are deleted in the reverse order, so foreign keys between them hold.
+
+    A :class:`~snowflake_db.sharding.moves.MoveBackend`: the target's subscription copies
+    and streams on its own (:meth:`advance` does nothing), the backlog is WAL bytes.
     """
+
+    kind: str = "postgresql"
+    backlog_unit: str = "bytes"
 
     def __init__(
         self,
@@ -368,8 +382,9 @@ class PostgresMoveBackend:
 
     # -- capture and copy --------------------------------------------------------------------
 
-    def capture(self) -> None:
-        """Source: the publication of the shard's rows of every table, then the slot.
+    def capture(self) -> dict[str, Any]:
+        """Source: the publication of the shard's rows of every table, then the slot; their
+        names (for the journal).
 
         The publication must exist first: pgoutput reads it through the slot's snapshot, so a
         slot created before it fails with "publication does not exist" (measured).
@@ -393,6 +408,7 @@ class PostgresMoveBackend:
                     sql.Identifier(self.name), entries))
             if not has_slot:
                 self._create_slot(s)
+        return {"publication": self.name, "slot": self.name}
 
     def _slot_exists(self, s: psycopg.Connection[Any]) -> bool:
         return _exists(s, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", self.name)
@@ -416,9 +432,9 @@ class PostgresMoveBackend:
                 f"seconds): {old}"
             ) from error
 
-    def copy(self) -> int:
-        """Target: the subscription (the mover's slot, ``copy_data = true``); returns its OID
-        (journal it: the table-copy slots on the source are named after it)."""
+    def copy(self) -> dict[str, Any]:
+        """Target: the subscription (the mover's slot, ``copy_data = true``); returns its name
+        and OID (journal them: the table-copy slots on the source are named after the OID)."""
         with self._source.session() as s:
             if not self._slot_exists(s):
                 raise ShardMoveError(f"copy: slot {self.name} does not exist on the source; "
@@ -443,7 +459,10 @@ class PostgresMoveBackend:
                 suboid = self._subscription_oid(t)
             assert suboid is not None
             self._suboid = suboid
-            return suboid
+            return {"subscription": self.name, "subscription_oid": suboid}
+
+    def advance(self) -> None:
+        """Nothing: the subscription's workers on the target copy and apply on their own."""
 
     def _subscription_oid(self, t: psycopg.Connection[Any]) -> int | None:
         suboid: int | None = _one(
@@ -483,11 +502,12 @@ class PostgresMoveBackend:
             raise ShardMoveError(f"copy_synced: no subscription {self.name} on the target")
         return int(row[1]) == len(self.tables) and int(row[2]) == int(row[1])
 
-    def lag(self) -> int | None:
-        """Source: bytes of WAL the target has not confirmed (``None`` until it first did)."""
+    def backlog(self) -> int | None:
+        """Source: the lag, bytes of WAL the target has not confirmed (``None`` until it
+        first did)."""
         with self._source.session() as s:
             if not self._slot_exists(s):
-                raise ShardMoveError(f"lag: slot {self.name} does not exist on the source")
+                raise ShardMoveError(f"backlog: slot {self.name} does not exist on the source")
             lag: int | None = _one(
                 s, """SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
                       FROM pg_replication_slots WHERE slot_name = %s""", (self.name,))
@@ -509,7 +529,8 @@ class PostgresMoveBackend:
             oids = self._source_oids(s, "fence")
             self._ensure_fence_function(s)
             if self._fence_complete(s, oids):
-                return FenceResult(lsn=_one(s, "SELECT pg_current_wal_lsn()::text"), attempts=0)
+                return FenceResult(position=_one(s, "SELECT pg_current_wal_lsn()::text"),
+                                   attempts=0)
             statements = [self._trigger_sql(table) for table in self.tables]
             terminated: tuple[int, ...] = ()
             attempts = 0
@@ -518,7 +539,7 @@ class PostgresMoveBackend:
                 attempts += tried
                 if taken:
                     lsn = _one(s, "SELECT pg_current_wal_lsn()::text")
-                    return FenceResult(lsn=lsn, attempts=attempts, terminated=terminated)
+                    return FenceResult(position=lsn, attempts=attempts, terminated=terminated)
                 blockers = self._blockers(s, oids, _WRITE_LOCKS)
                 if round_ == 0 and terminate_blockers and blockers:
                     terminated = tuple(sorted({b.pid for b in blockers}))
@@ -608,18 +629,19 @@ class PostgresMoveBackend:
         return tuple(Blocker(pid=r[0], state=r[1], xact_age_s=r[2], application_name=r[3],
                              table=r[4]) for r in rows)
 
-    def drained(self, fence_lsn: str) -> bool:
-        """Source: whether the target confirmed everything up to the fence LSN (the slot's
-        ``confirmed_flush_lsn``; read on the source, it needs no connection to the target)."""
+    def drained(self, position: str) -> bool:
+        """Source: whether the target confirmed everything up to the fence LSN ``position``
+        (the slot's ``confirmed_flush_lsn``; read on the source, it needs no connection to the
+        target)."""
         with self._source.session() as s:  # one query: the drain polls it
             row = s.execute("""SELECT coalesce(confirmed_flush_lsn >= %s::pg_lsn, false)
-                FROM pg_replication_slots WHERE slot_name = %s""", (fence_lsn, self.name)
+                FROM pg_replication_slots WHERE slot_name = %s""", (position, self.name)
                             ).fetchone()
         if row is None:
             raise ShardMoveError(f"drained: slot {self.name} does not exist on the source")
         return bool(row[0])
 
-    def flush_wal(self, *, source: bool = True, target: bool = True) -> None:
+    def flush(self, *, source: bool = True, target: bool = True) -> None:
         """Make the WAL written so far durable now on the ``source`` and the ``target``, best
         effort (a failure is left to the next poll).
 
@@ -741,8 +763,8 @@ class PostgresMoveBackend:
             if time.monotonic() > deadline:
                 raise ShardMoveError(
                     f"verify_before_fence: the target did not confirm {tracked_at} in "
-                    f"{timeout_s:g} s (lag {self.lag()} bytes)")
-            self.flush_wal()
+                    f"{timeout_s:g} s (lag {self.backlog()} bytes)")
+            self.flush()
             time.sleep(0.02)
         with self._source.session() as s, self._target.session() as t:
             self._compare_columns(s, t, "verify_before_fence")
@@ -1090,6 +1112,33 @@ class PostgresMoveBackend:
                          subscriptions=subscriptions, verify_objects=tuple(verify_objects))
 
     # -- rows --------------------------------------------------------------------------------
+
+    def measure(self) -> tuple[dict[str, int], int]:
+        """Source: the shard's rows per table and their bytes (``pg_column_size`` of each
+        row), for the plan."""
+        rows: dict[str, int] = {}
+        size = 0
+        with self._source.session() as s:
+            for table in self.tables:
+                query = sql.SQL(
+                    "SELECT count(*), coalesce(sum(pg_column_size(r.*)), 0)::bigint FROM {} AS r "
+                    "WHERE {}"
+                ).format(self._table(table), self._shard_filter(table, "r"))
+                found = s.execute(query).fetchone()
+                assert found is not None
+                rows[table.name] = int(found[0])
+                size += int(found[1])
+        return rows, size
+
+    def rows_copied(self) -> int:
+        """Target: rows the table-copy workers have written so far (``pg_stat_progress_copy``
+        of the target's database)."""
+        with self._target.session() as t:
+            found = t.execute(
+                "SELECT coalesce(sum(tuples_processed), 0)::bigint FROM pg_stat_progress_copy "
+                "WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            ).fetchone()
+        return int(found[0]) if found else 0
 
     def delete_source_rows(self, *, batch_size: int = 5000, pause_ratio: float = 1.0) -> int:
         """Source, after the flip and the barrier: delete the shard's rows in batches.

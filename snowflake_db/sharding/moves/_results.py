@@ -5,7 +5,21 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ...errors import InvalidArgumentError, ShardMoveError
+from ...errors import FenceBlockedError, InvalidArgumentError, VerificationMismatchError
+
+__all__ = [  # the two errors live in snowflake_db.errors; importable from here as before
+    "Blocker",
+    "CleanupReport",
+    "CopyProgress",
+    "FenceBlockedError",
+    "FenceResult",
+    "Leftovers",
+    "MovedTable",
+    "TableChecksum",
+    "Verification",
+    "VerificationMismatchError",
+    "check_identifier",
+]
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -38,8 +52,9 @@ class MovedTable:
 
 @dataclass(frozen=True)
 class CopyProgress:
-    """The subscription's per-table state on the target (``pg_subscription_rel.srsubstate``:
-    ``i`` init, ``d`` copying, ``f`` copied, ``s`` synced, ``r`` ready)."""
+    """Each table's copy state on the target, ``r`` once ready (the letters are PostgreSQL's
+    ``pg_subscription_rel.srsubstate``: ``i`` init, ``d`` copying, ``f`` copied, ``s``
+    synced, ``r`` ready)."""
 
     states: dict[str, str]
     expected_tables: int
@@ -65,10 +80,11 @@ class Blocker:
 
 @dataclass(frozen=True)
 class FenceResult:
-    """The fence is up; ``lsn`` (``pg_current_wal_lsn()`` after it committed) is the drain
-    point: every commit of the shard's rows on the source precedes it."""
+    """The fence is up; ``position`` is the drain point in the backend's terms (PostgreSQL:
+    ``pg_current_wal_lsn()`` after the fence committed): every commit of the shard's rows on
+    the source precedes it."""
 
-    lsn: str
+    position: str
     attempts: int
     terminated: tuple[int, ...] = ()
 
@@ -130,20 +146,3 @@ class Leftovers:
         """Nothing but (possibly) the fence, which stays on the source after a finished move."""
         return not (self.publications or self.slots or self.subscriptions
                     or self.verify_objects)
-
-
-class FenceBlockedError(ShardMoveError):
-    """The fence's lock was not granted within its budget; ``blockers`` are the sessions that
-    held conflicting locks on the moving tables at the last attempt. Nothing was created."""
-
-    def __init__(self, message: str, *, blockers: tuple[Blocker, ...]) -> None:
-        super().__init__(message)
-        self.blockers = blockers
-
-
-class VerificationMismatchError(ShardMoveError):
-    """The shard's rows differ between source and target; both sides' results are attached."""
-
-    def __init__(self, message: str, *, verification: Verification) -> None:
-        super().__init__(message)
-        self.verification = verification

@@ -1,6 +1,8 @@
-"""Move a logical shard online from one PostgreSQL server to another, crash-safe.
+"""Move a logical shard online from one server to another of the same backend, crash-safe.
 
-:class:`ShardMover` drives the steps of :class:`~snowflake_db.sharding.moves.PostgresMoveBackend`
+:class:`ShardMover` drives the steps of a :class:`~snowflake_db.sharding.moves.MoveBackend`
+(:class:`~snowflake_db.sharding.moves.PostgresMoveBackend` between PostgreSQL servers, the
+MariaDB backend between MariaDB servers: the shard map's backend of both targets picks it)
 through the state machine of ``docs/design/shard-moves.md``::
 
     planned -> capturing -> copying -> catching_up -> fenced -> drained -> verified -> flipped
@@ -14,8 +16,9 @@ last journaled step, and :meth:`ShardMover.abort` undoes a move that has not fli
 map follows the move: ``moving`` while copying, ``cutover`` once the fence is up, then the flip
 (:func:`~snowflake_db.sharding.shard_map.flip_shard`) in the same transaction as its journal
 line. After the flip only forward steps remain: the barrier (every live lease routes with the
-new map, or lapsed), then the cleanup of the replication objects and of the source's rows; the
-fence stays on the source.
+new map, or lapsed), then the cleanup of the capture and copy objects and of the source's rows;
+the fence stays on the source. Every wait before the flip calls the backend's ``advance`` on
+each poll: a backend that copies in the mover's process does its work there.
 
 Targets are given as ``{name: URL or Engine}`` and never stored: the control database holds names.
 """
@@ -54,7 +57,8 @@ from ..shard_map import (
     set_shard_state,
     shard_map_tables,
 )
-from ._connections import Connector, Endpoint
+from ._backend import MOVE_BACKENDS, MoveBackend, backend_class
+from ._connections import Endpoint
 from ._journal import (
     ENDED_STATES,
     Journal,
@@ -70,7 +74,6 @@ from ._journal import (
     read_move,
     take_over,
 )
-from ._postgres import PostgresMoveBackend
 from ._results import Leftovers, MovedTable
 
 __all__ = [
@@ -120,7 +123,8 @@ DRAIN_POLL_S = 0.01
 COPY_POLL_S = 0.05
 #: The step a move stops at without ``assume_no_static_workers``.
 STATIC_WORKERS_STEP = "delete_source_rows"
-_OLD_FENCE = re.compile(r"^sfdb_fence_(\d+)_[wdt]$")
+#: An earlier move's fence on the target: ``sfdb_fence_<move id>_<suffix>`` (every backend).
+_OLD_FENCE = re.compile(r"^sfdb_fence_(\d+)_[a-z]+$")
 
 Target = str | URL | Engine
 
@@ -153,6 +157,8 @@ class MovePlan:
     map_version: int
     #: the map's shards per target after the move
     placement: dict[str, list[int]]
+    #: the backend of both servers (``postgresql`` or ``mariadb``)
+    backend: str = "postgresql"
 
     @property
     def total_rows(self) -> int:
@@ -161,7 +167,7 @@ class MovePlan:
     def as_dict(self) -> dict[str, Any]:
         return {"shard": self.shard, "source": self.source, "target": self.target,
                 "rows": self.rows, "bytes": self.bytes, "map_version": self.map_version,
-                "placement": self.placement}
+                "placement": self.placement, "backend": self.backend}
 
     def __str__(self) -> str:
         tables = ", ".join(f"{name} {count}" for name, count in self.rows.items())
@@ -198,35 +204,44 @@ def _libpq(url: URL) -> str:
 
 
 def _backend_name(url: URL) -> str:
+    """The shard map's name of a URL's backend (``postgresql``, ``mariadb``, ...)."""
     name = url.get_backend_name()
-    return "postgresql" if name in ("postgres", "postgresql") else name
+    return {"postgres": "postgresql", "mysql": "mariadb"}.get(name, name)
+
+
+#: The driver each backend's steps connect with; an engine of another driver is used by URL.
+_DRIVERS = {"postgresql": "psycopg", "mariadb": "pymysql"}
 
 
 class _Server:
-    """One target as given: what the move's steps connect with and what a subscription uses."""
+    """One target as given: its backend, what the move's steps connect with and (PostgreSQL)
+    the connection string a subscription uses."""
 
     def __init__(self, name: str, value: object) -> None:
         self.name = name
         if isinstance(value, Engine):
-            self.backend = _backend_name(value.url)
-            self.conninfo = _libpq(value.url)
-            # The steps take a psycopg engine as it is; another driver's by its URL.
-            self.endpoint: Endpoint = (value if value.url.get_driver_name() == "psycopg"
-                                       else self.conninfo)
+            url = value.url
         elif isinstance(value, URL) or (isinstance(value, str) and "://" in value):
             url = make_url(value)
-            self.backend = _backend_name(url)
-            self.conninfo = _libpq(url)
-            self.endpoint = self.conninfo
         elif isinstance(value, str):  # a libpq key=value string
             self.backend = "postgresql"
             self.conninfo = value
-            self.endpoint = value
+            self.endpoint: Endpoint = value
+            return
         else:
             raise InvalidArgumentTypeError(
                 f"target {name!r} must be given as a URL or a SQLAlchemy Engine, not "
                 f"{type(value).__name__}"
             )
+        self.backend = _backend_name(url)
+        self.conninfo = _libpq(url) if self.backend == "postgresql" else ""
+        if isinstance(value, Engine) and url.get_driver_name() == _DRIVERS.get(self.backend):
+            self.endpoint = value  # the steps take an engine of their driver as it is
+        elif self.backend == "mariadb":
+            self.endpoint = url.set(drivername="mysql+pymysql").render_as_string(
+                hide_password=False)
+        else:
+            self.endpoint = self.conninfo
 
 
 class ShardMover:
@@ -236,7 +251,10 @@ class ShardMover:
     the map the move touches to a URL or SQLAlchemy Engine (never stored); ``layout`` must be
     the map's; ``tables`` are the sharded tables (names or :class:`MovedTable`), parents first.
     ``subscription_conninfo`` optionally gives, per source name, the connection string the
-    target's subscription reaches it with (default: the source's URL as given).
+    target's subscription reaches it with (PostgreSQL; default: the source's URL as given).
+    A move runs between two servers of the same backend (the map's backend of each target:
+    PostgreSQL or MariaDB); before the fence the copy catches up until its backlog is at most
+    ``max_lag_bytes`` of WAL (PostgreSQL) or ``max_backlog_rows`` captured changes (MariaDB).
 
     ``assume_no_static_workers`` is the operator's word that no process routes with a static
     worker ID (or without any lease): the cleanup barrier sees leases only, so without it a move
@@ -261,6 +279,7 @@ class ShardMover:
         drain_timeout_s: float = 120.0,
         barrier_timeout_s: float = 300.0,
         max_lag_bytes: int = 1 << 20,
+        max_backlog_rows: int = 5000,
         batch_size: int = 5000,
         lock_timeout_ms: int = 100,
         fence_attempts: int = 50,
@@ -295,7 +314,12 @@ class ShardMover:
         self.catch_up_timeout_s = float(catch_up_timeout_s)
         self.drain_timeout_s = float(drain_timeout_s)
         self.barrier_timeout_s = float(barrier_timeout_s)
+        for name, count in (("max_lag_bytes", max_lag_bytes),
+                            ("max_backlog_rows", max_backlog_rows)):
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise InvalidArgumentError(f"{name} {count!r} must be an int >= 0")
         self.max_lag_bytes = max_lag_bytes
+        self.max_backlog_rows = max_backlog_rows
         self.batch_size = batch_size
         self.lock_timeout_ms = lock_timeout_ms
         self.fence_attempts = fence_attempts
@@ -338,23 +362,24 @@ class ShardMover:
         return list_moves(self.engine, self.map_tables, limit=limit)
 
     def leftovers(self, move_id: int) -> Leftovers:
-        """The move's replication objects and fence triggers still present on its servers."""
+        """The move's capture and copy objects and fence triggers still present on its
+        servers."""
         record = read_move(self.engine, self.map_tables, move_id)
-        return self._backend(record.id, record.shard, record.source, record.target).leftovers()
+        return self._backend_of(record).leftovers()
 
     # -- planning ------------------------------------------------------------------------------
 
     def plan(self, shard: int, to: str) -> MovePlan:
         """Run every check of a move of ``shard`` to ``to`` and measure it; nothing changes."""
-        current, source = self._validate(shard, to)
-        backend = self._backend(0, shard, source, to)
+        current, source, kind = self._validate(shard, to)
+        backend = self._backend(0, shard, source, to, kind)
         backend.check()
-        rows, size = self._measure(source, shard)
+        rows, size = backend.measure()
         placement: dict[str, list[int]] = {name: [] for name in sorted(current.targets)}
         for logical, row in sorted(current.rows.items()):
             placement[to if logical == shard else row.target].append(logical)
         return MovePlan(shard, source, to, rows, size, current.version,
-                        {name: shards for name, shards in placement.items()})
+                        {name: shards for name, shards in placement.items()}, kind)
 
     def plan_balance(self, targets: Sequence[str] | None = None) -> list[ProposedMove]:
         """The fewest moves that spread the map's logical shards evenly over ``targets`` (default:
@@ -410,7 +435,7 @@ class ShardMover:
         token = new_token()
         move_id = create_move(
             self.engine, self.map_tables, shard=shard, source=plan.source, target=to,
-            backend="postgresql", token=token, lease_ms=self.lease_ms, plan=plan.as_dict(),
+            backend=plan.backend, token=token, lease_ms=self.lease_ms, plan=plan.as_dict(),
         )
         _emit(progress, MoveProgress(move_id, "plan", str(plan), plan.as_dict()))
         journal = Journal(self.engine, self.map_tables, move_id, token, self.lease_ms)
@@ -468,7 +493,8 @@ class ShardMover:
 
     # -- validation ------------------------------------------------------------------------------
 
-    def _validate(self, shard: int, to: str) -> tuple[ShardMap, str]:
+    def _validate(self, shard: int, to: str) -> tuple[ShardMap, str, str]:
+        """The map, the shard's source and the backend of both servers; or the one error."""
         current = self.shard_map()
         count = len(current.rows)
         if isinstance(shard, bool) or not isinstance(shard, int):
@@ -483,18 +509,14 @@ class ShardMover:
         source = row.target
         if to == source:
             raise ShardMoveError(f"shard {shard} is already on {to}: nothing to move")
+        kind = _same_backend(source, current.targets[source], to, current.targets[to])
         holder = active_move(self.engine, self.map_tables, shard)
         if holder is not None or row.state != "serving":
             raise ShardMoveError(already_moving(shard, holder))
-        for name in (source, to):
-            if current.targets[name] != "postgresql":
-                raise ShardMoveError(
-                    f"target {name!r} runs {current.targets[name]}; online moves run between "
-                    "PostgreSQL servers only")
         self._require_slots_table()
-        self._server(source, "source")
-        self._server(to, "target")
-        return current, source
+        self._server(source, "source", kind)
+        self._server(to, "target", kind)
+        return current, source, kind
 
     def _require_slots_table(self) -> None:
         """The announce step and the cleanup barrier read the leases in the worker slots table
@@ -513,61 +535,60 @@ class ShardMover:
         return (f"unknown shard target {name!r}; the map knows {', '.join(sorted(current.targets))}"
                 " (register a new server first: shards init --target NAME=URL, or add_target)")
 
-    def _server(self, name: str, role: str) -> _Server:
+    def _server(self, name: str, role: str, kind: str) -> _Server:
+        """The given target ``name``, whose URL must be of backend ``kind`` (the map's)."""
         server = self.servers.get(name)
         if server is None:
             given = ", ".join(sorted(self.servers)) or "none"
             raise ShardMoveError(
                 f"the move's {role} {name!r} is not among the given targets ({given}): give its "
                 f"URL or engine (--target {name}=URL)")
-        if server.backend != "postgresql":
+        if server.backend != kind:
             raise ShardMoveError(
-                f"the {role} {name!r} is a {server.backend} URL; online moves run between "
-                "PostgreSQL servers only")
+                f"the {role} {name!r} is a {kind} server in the shard map, but its URL is a "
+                f"{server.backend} URL: give the URL of the server the map names")
         return server
 
     def _servers_of(self, record: MoveRecord) -> None:
-        self._server(record.source, "source")
-        self._server(record.target, "target")
+        self._server(record.source, "source", record.backend)
+        self._server(record.target, "target", record.backend)
 
     # -- backend ---------------------------------------------------------------------------------
 
-    def _backend(self, move_id: int, shard: int, source: str, target: str,
-                 ) -> PostgresMoveBackend:
-        s, t = self._server(source, "source"), self._server(target, "target")
-        return PostgresMoveBackend(
-            source=s.endpoint, target=t.endpoint,
-            source_conninfo_for_target=self.subscription_conninfo.get(source, s.conninfo),
-            layout=self.layout, shard=shard, move_id=move_id, target_name=target,
-            tables=self.tables, lock_timeout_ms=self.lock_timeout_ms,
-            fence_attempts=self.fence_attempts,
+    def backlog_limit(self, unit: str) -> int:
+        """The backlog (in ``unit``, a backend's :attr:`~MoveBackend.backlog_unit`) the copy
+        catches up to before the fence."""
+        limits = {"bytes": self.max_lag_bytes, "rows": self.max_backlog_rows}
+        if unit not in limits:
+            raise ShardMoveError(f"a move backend counts its backlog in {unit!r}, not in "
+                                 f"{' or '.join(limits)}")
+        return limits[unit]
+
+    def _backend(self, move_id: int, shard: int, source: str, target: str, kind: str,
+                 ) -> MoveBackend:
+        """Move ``move_id``'s steps between ``source`` and ``target``, servers of ``kind``."""
+        s, t = self._server(source, "source", kind), self._server(target, "target", kind)
+        options: dict[str, Any] = {}
+        if kind == "postgresql":
+            options["source_conninfo_for_target"] = self.subscription_conninfo.get(
+                source, s.conninfo)
+        return backend_class(kind)(  # type: ignore[call-arg]
+            source=s.endpoint, target=t.endpoint, layout=self.layout, shard=shard,
+            move_id=move_id, target_name=target, tables=self.tables,
+            lock_timeout_ms=self.lock_timeout_ms, fence_attempts=self.fence_attempts,
+            **options,
         )
 
-    def _measure(self, source: str, shard: int) -> tuple[dict[str, int], int]:
-        """Rows and bytes (``pg_column_size`` of each row) of the shard on the source."""
-        from psycopg import sql
-
-        rows: dict[str, int] = {}
-        size = 0
-        with Connector(self._server(source, "source").endpoint, "source").session() as s:
-            for table in self.tables:
-                query = sql.SQL(
-                    "SELECT count(*), coalesce(sum(pg_column_size(r.*)), 0)::bigint FROM {} AS r "
-                    "WHERE ((r.{} & {}) = {})"
-                ).format(sql.Identifier(*table.name.split(".")), sql.Identifier(table.id_column),
-                         sql.Literal(self.layout.max_shard), sql.Literal(shard))
-                found = s.execute(query).fetchone()
-                assert found is not None
-                rows[table.name] = int(found[0])
-                size += int(found[1])
-        return rows, size
+    def _backend_of(self, record: MoveRecord) -> MoveBackend:
+        return self._backend(record.id, record.shard, record.source, record.target,
+                             record.backend)
 
     # -- the forward path ------------------------------------------------------------------------
 
     def _run(self, journal: Journal, start: int, progress: Progress | None,
              terminate_blockers: bool) -> None:
         record = journal.record()
-        backend = self._backend(record.id, record.shard, record.source, record.target)
+        backend = self._backend_of(record)
         run = _Run(self, journal, backend, record, progress=progress,
                    terminate_blockers=terminate_blockers)
         held = False
@@ -607,13 +628,27 @@ class ShardMover:
             journal.set_state("aborting", connection=connection)
         copied = any(r.step == "copy" for r in read_journal(self.engine, self.map_tables,
                                                             record.id))
-        backend = self._backend(record.id, record.shard, record.source, record.target)
+        backend = self._backend_of(record)
         run = _Run(self, journal, backend, record, progress=progress, terminate_blockers=False)
         with LeaseKeeper(journal):
             run.abort_steps(copied)
 
 
 _AFTER_FLIP = frozenset({"flip", "barrier", "cleanup", "delete_source_rows", "finish"})
+
+
+def _same_backend(source: str, source_kind: str, target: str, target_kind: str) -> str:
+    """The one backend of a move's two servers (by the shard map), or the error saying why
+    not: a backend's capture, fence and copy work between two servers of its own kind."""
+    if source_kind != target_kind:
+        raise ShardMoveError(
+            f"a move runs between two servers of the same backend: source {source} is "
+            f"{source_kind}, target {target} is {target_kind}")
+    if source_kind not in MOVE_BACKENDS:
+        raise ShardMoveError(
+            f"{source} and {target} are {source_kind} servers; online moves run between two "
+            "PostgreSQL or two MariaDB servers")
+    return source_kind
 
 
 def shard_map_tables_for(schema: str | None) -> ShardMapTables:
@@ -628,7 +663,7 @@ def _emit(progress: Progress | None, event: MoveProgress) -> None:
 class _Run:
     """The steps of one run of a move (forward or abort), journaling each."""
 
-    def __init__(self, mover: ShardMover, journal: Journal, backend: PostgresMoveBackend,
+    def __init__(self, mover: ShardMover, journal: Journal, backend: MoveBackend,
                  record: MoveRecord, *, progress: Progress | None,
                  terminate_blockers: bool) -> None:
         self.mover = mover
@@ -637,7 +672,7 @@ class _Run:
         self.record = record
         self.progress = progress
         self.terminate_blockers = terminate_blockers
-        self.fence_lsn: str | None = None
+        self.fence_position: str | None = None
 
     def emit(self, step: str, message: str, **numbers: Any) -> None:
         _emit(self.progress, MoveProgress(self.record.id, step, message, numbers))
@@ -659,13 +694,20 @@ class _Run:
 
     def wait(self, predicate: Callable[[], bool], *, timeout_s: float, what: str,
              describe: Callable[[], str], step: str, pause_s: float = 0.05,
-             max_pause_s: float = 0.5) -> None:
+             max_pause_s: float = 0.5, advance: bool = True) -> None:
         """Poll until ``predicate``, every ``pause_s`` growing to ``max_pause_s``; progress
-        every ``progress_every_s``; bounded; stops when the lease is lost."""
+        every ``progress_every_s``; bounded; stops when the lease is lost. With ``advance``
+        each poll first lets the backend do one unit of its copy work."""
         start = time.monotonic()
         next_report = start + self.mover.progress_every_s
         pause = pause_s
-        while not predicate():
+
+        def reached() -> bool:
+            if advance:
+                self.backend.advance()
+            return predicate()
+
+        while not reached():
             if self.journal.lost.is_set():
                 raise MoverLeaseLostError(f"move {self.record.id}: lease lost while waiting "
                                           f"for {what}")
@@ -685,9 +727,8 @@ class _Run:
         self.journal.done("check")
 
     def do_capture(self) -> None:
-        self.backend.capture()
-        self.journal.done("capture", capture=self._capture(publication=self.backend.name,
-                                                          slot=self.backend.name))
+        made = self.backend.capture()
+        self.journal.done("capture", capture=self._capture(**made))
 
     def _capture(self, **values: Any) -> dict[str, Any]:
         capture = dict(self.journal.record().capture)
@@ -699,10 +740,8 @@ class _Run:
             if self._map_state(connection) == "serving":
                 set_shard_state(connection, self.record.shard, "moving",
                                 schema=self.mover.schema)
-        suboid = self.backend.copy()
-        self.journal.done("copy", {"subscription_oid": suboid},
-                          capture=self._capture(subscription=self.backend.name,
-                                                subscription_oid=suboid))
+        copying = self.backend.copy()
+        self.journal.done("copy", copying, capture=self._capture(**copying))
 
     def _map_state(self, connection: Any) -> str:
         current = read_shard_map(connection, schema=self.mover.schema)
@@ -718,7 +757,7 @@ class _Run:
 
         def copy_state() -> str:
             progress = self.backend.copy_progress()
-            copied = self._rows_copied()
+            copied = self.backend.rows_copied()
             states = ", ".join(f"{t} {s}" for t, s in sorted(progress.states.items()))
             share = f" of {planned}" if planned else ""
             return f"copying: {copied} rows{share} copied so far; tables: {states or 'starting'}"
@@ -728,9 +767,9 @@ class _Run:
         def synced() -> bool:
             if self.backend.copy_synced():
                 return True
-            # The table copies end by streaming to the source's WAL position: not left to the
-            # source's WAL writer when its commits are asynchronous.
-            self.backend.flush_wal(target=False)
+            # PostgreSQL's table copies end by streaming to the source's WAL position: not
+            # left to the source's WAL writer when its commits are asynchronous.
+            self.backend.flush(target=False)
             return False
 
         with self.backend.held():
@@ -738,18 +777,22 @@ class _Run:
                       what="the initial copy", describe=copy_state, step="catch_up",
                       pause_s=COPY_POLL_S, max_pause_s=COPY_POLL_S)
         self.emit("catch_up", "initial copy done; catching up")
-        limit = self.mover.max_lag_bytes
+        unit = self.backend.backlog_unit
+        limit = self.mover.backlog_limit(unit)
         with self.backend.held(target=False):
-            self.wait(lambda: (self.backend.lag() or 0) <= limit,
-                      timeout_s=self.mover.catch_up_timeout_s, what=f"lag below {limit} bytes",
-                      describe=lambda: f"lag {self.backend.lag()} bytes", step="catch_up",
-                      pause_s=COPY_POLL_S, max_pause_s=COPY_POLL_S)
+            self.wait(lambda: (self.backend.backlog() or 0) <= limit,
+                      timeout_s=self.mover.catch_up_timeout_s,
+                      what=f"backlog below {limit} {unit}", describe=self._backlog,
+                      step="catch_up", pause_s=COPY_POLL_S, max_pause_s=COPY_POLL_S)
         # The verification's first pass, before the fence: the pause after it compares only
         # the rows written since (docs/design/shard-moves.md, Verification).
         with self.backend.held():  # it polls the source's slot
             first = self.backend.verify_before_fence(timeout_s=self.mover.drain_timeout_s)
-        self.journal.done("catch_up", {"lag_bytes": self.backend.lag(),
+        self.journal.done("catch_up", {"backlog": self.backend.backlog(), "backlog_unit": unit,
                                        "verified_before_fence": first.changed})
+
+    def _backlog(self) -> str:
+        return f"backlog {self.backend.backlog()} {self.backend.backlog_unit}"
 
     def _planned_rows(self) -> int | None:
         for row in read_journal(self.mover.engine, self.mover.map_tables, self.record.id):
@@ -760,16 +803,6 @@ class _Run:
                     return None
         return None
 
-    def _rows_copied(self) -> int:
-        """Rows the table-copy workers have written on the target so far."""
-        server = self.mover._server(self.record.target, "target")
-        with Connector(server.endpoint, "target").session() as t:
-            found = t.execute(
-                "SELECT coalesce(sum(tuples_processed), 0)::bigint FROM pg_stat_progress_copy "
-                "WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database())"
-            ).fetchone()
-        return int(found[0]) if found else 0
-
     def do_fence(self) -> None:
         fenced = self.backend.fence(terminate_blockers=self.terminate_blockers)
         if fenced.terminated:
@@ -778,31 +811,36 @@ class _Run:
             if self._map_state(connection) != "cutover":
                 set_shard_state(connection, self.record.shard, "cutover",
                                 schema=self.mover.schema)
-            self.journal.done("fence", {"lsn": fenced.lsn, "attempts": fenced.attempts,
+            self.journal.done("fence", {"position": fenced.position,
+                                        "attempts": fenced.attempts,
                                         "terminated": list(fenced.terminated)},
-                              capture=self._capture(fence_lsn=fenced.lsn),
+                              capture=self._capture(fence_position=fenced.position),
                               connection=connection)
-        self.fence_lsn = fenced.lsn
-        self.emit("fence", f"fence up at {fenced.lsn} after {fenced.attempts} attempt(s)")
+        self.fence_position = fenced.position
+        self.emit("fence", f"fence up at {fenced.position} after {fenced.attempts} attempt(s)")
 
     def do_drain(self) -> None:
-        # The fence step's LSN (this run's, or journaled by an earlier run); a rerun of the
-        # fence gives a later one.
-        lsn = self.fence_lsn or self.journal.record().capture.get("fence_lsn")
-        if not lsn:
-            lsn = self.backend.fence(terminate_blockers=self.terminate_blockers).lsn
+        # The fence step's position (this run's, or journaled by an earlier run: "fence_lsn"
+        # in a journal written before moves had other backends than PostgreSQL); a rerun of
+        # the fence gives a later one.
+        capture = self.journal.record().capture
+        position = (self.fence_position or capture.get("fence_position")
+                    or capture.get("fence_lsn"))
+        if not position:
+            position = self.backend.fence(terminate_blockers=self.terminate_blockers).position
 
         def drained() -> bool:
-            if self.backend.drained(str(lsn)):
+            if self.backend.drained(str(position)):
                 return True
-            self.backend.flush_wal()  # not left to the servers' WAL writers (200 ms each)
+            # PostgreSQL: not left to the servers' WAL writers (200 ms each).
+            self.backend.flush()
             return False
 
         self.wait(drained, timeout_s=self.mover.drain_timeout_s,
-                  what=f"the drain to the fence LSN {lsn}",
-                  describe=lambda: f"lag {self.backend.lag()} bytes", step="drain",
+                  what=f"the drain to the fence position {position}",
+                  describe=self._backlog, step="drain",
                   pause_s=DRAIN_POLL_S, max_pause_s=DRAIN_POLL_S)
-        self.journal.done("drain", {"fence_lsn": lsn})
+        self.journal.done("drain", {"fence_position": position})
 
     def do_verify(self) -> None:
         result = self.backend.verify()
@@ -859,10 +897,12 @@ class _Run:
                                          schema=self.mover.schema)
             return not waiting
 
+        # After the flip the target is authoritative: no copy work may run any more.
         self.wait(passed, timeout_s=self.mover.barrier_timeout_s,
                   what=f"every live lease routing with map version {version}",
                   describe=lambda: f"waiting for worker IDs {waiting[:20]} to report map "
-                                   f"version {version}", step=step)
+                                   f"version {version}", step=step,
+                  advance=step != "barrier")
 
     def do_cleanup(self) -> None:
         report = self.backend.cleanup()
@@ -946,6 +986,7 @@ def _drop_fences(mover: ShardMover, record: MoveRecord, names: Sequence[str]) ->
     dropped: list[str] = []
     for old in old_moves:
         # The earlier move's source was this target: the same names, the roles swapped.
-        backend = mover._backend(old, record.shard, record.target, record.source)
+        backend = mover._backend(old, record.shard, record.target, record.source,
+                                 record.backend)
         dropped.extend(backend.unfence())
     return dropped
