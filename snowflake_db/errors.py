@@ -6,10 +6,7 @@ so code that already catches ``ValueError`` keeps working.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .sharding.moves._results import Blocker, Verification
+from typing import Any
 
 
 class SnowflakeError(Exception):
@@ -213,19 +210,20 @@ class MoveStoppedError(ShardMoveError):
 
 class FenceBlockedError(ShardMoveError):
     """A move's fence (or another lock it needs on the moving tables) was not granted within
-    its budget; ``blockers`` are the sessions that held conflicting locks at the last attempt.
-    Nothing was created."""
+    its budget; ``blockers`` are the sessions that held conflicting locks at the last attempt
+    (:class:`~snowflake_db.sharding.moves.Blocker` values: typed loosely here, the core
+    imports nothing of the sharding package). Nothing was created."""
 
-    def __init__(self, message: str, *, blockers: tuple[Blocker, ...]) -> None:
+    def __init__(self, message: str, *, blockers: tuple[Any, ...]) -> None:
         super().__init__(message)
         self.blockers = blockers
 
 
 class VerificationMismatchError(ShardMoveError):
     """The shard's rows differ between a move's source and target; ``verification`` holds
-    both sides' results."""
+    both sides' results (a :class:`~snowflake_db.sharding.moves.Verification`)."""
 
-    def __init__(self, message: str, *, verification: Verification) -> None:
+    def __init__(self, message: str, *, verification: Any) -> None:
         super().__init__(message)
         self.verification = verification
 
