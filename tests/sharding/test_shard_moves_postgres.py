@@ -11,6 +11,8 @@ skip with the reason; under ``CI=true`` they fail.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -330,6 +332,51 @@ def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_sha
     pair.assert_nothing_left()
     for engine in engines:
         engine.dispose()
+
+
+def test_the_drain_point_lies_past_every_commit_before_the_fence(pair: Pair) -> None:
+    """A write of the shard commits asynchronously (the clusters' ``synchronous_commit =
+    off``) just before the fence, while the source's WAL writer is held (SIGSTOP): the
+    fence's drain point still lies past that commit, and a drain to it (polled as the mover
+    does, flushing the WAL) finds the row on the target. With ``pg_current_wal_lsn()`` (where
+    WAL was written to) the drain point lay before the commit, the drain ended at once and the
+    row was not on the target: seen under load at 15, where the WAL writer was slow to write
+    the pages the fence had filled; certain here."""
+    shard = 5
+    backend = pair.backend(shard=shard)
+    run_move_steps(backend, timeout_s=STEP_TIMEOUT_S, stop_after="caught_up")
+    row_id = (7778 << 4) | shard
+    with pair.connect("source") as admin:
+        walwriter = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'").fetchone()
+        assert walwriter is not None
+        os.kill(walwriter[0], signal.SIGSTOP)
+        try:
+            with pair.connect("source") as writer:
+                writer.execute("SET synchronous_commit = off")
+                writer.execute(
+                    "INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 1, 1)",
+                    (row_id,))
+                committed = writer.execute("SELECT pg_current_wal_insert_lsn()").fetchone()
+            assert committed is not None
+            fenced = backend.fence()
+            assert admin.execute("SELECT %s::pg_lsn >= %s::pg_lsn",
+                                 (fenced.position, str(committed[0]))).fetchone() == (True,)
+
+            def drained() -> bool:
+                if backend.drained(fenced.position):
+                    return True
+                backend.flush()
+                return False
+
+            wait_until(drained, timeout_s=STEP_TIMEOUT_S, what="drained")
+            assert row_id in pair.rows("target", "orders", shard)
+        finally:
+            os.kill(walwriter[0], signal.SIGCONT)
+    assert len(backend.unfence()) == 6
+    assert backend.cleanup().source_pending is False
+    backend.delete_target_rows()
+    assert backend.leftovers() == Leftovers()
 
 
 def test_fence_reports_blockers_then_terminates_them(pair: Pair) -> None:

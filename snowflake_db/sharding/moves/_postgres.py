@@ -126,6 +126,12 @@ _FLUSH_WAL = ("BEGIN; SET LOCAL synchronous_commit = local; DO $flush$ BEGIN "
               "IF pg_current_wal_flush_lsn() < pg_current_wal_insert_lsn() THEN "
               "PERFORM pg_logical_emit_message(true, 'sfdb_flush', ''); END IF; END $flush$; "
               "COMMIT")
+#: The position a drain waits for: the end of the WAL inserted so far, so every commit before
+#: (the writes the fence waited out, the fence's own) lies below it. Not
+#: ``pg_current_wal_lsn()``: that is where WAL has been *written* to, which lags the commits of
+#: asynchronous transactions (``synchronous_commit = off``) by up to ``wal_writer_delay``; a
+#: drain to it could end before such a commit is even decoded.
+_INSERT_LSN = "SELECT pg_current_wal_insert_lsn()::text"
 #: The settings that shape ``row::text``, pinned in one round trip (no parameters: several
 #: statements in one query).
 _PIN_SETTINGS = sql.SQL("; ").join(
@@ -529,8 +535,7 @@ class PostgresMoveBackend:
             oids = self._source_oids(s, "fence")
             self._ensure_fence_function(s)
             if self._fence_complete(s, oids):
-                return FenceResult(position=_one(s, "SELECT pg_current_wal_lsn()::text"),
-                                   attempts=0)
+                return FenceResult(position=_one(s, _INSERT_LSN), attempts=0)
             statements = [self._trigger_sql(table) for table in self.tables]
             terminated: tuple[int, ...] = ()
             attempts = 0
@@ -538,7 +543,7 @@ class PostgresMoveBackend:
                 taken, tried = self._under_lock_timeout(s, [q for qs in statements for q in qs])
                 attempts += tried
                 if taken:
-                    lsn = _one(s, "SELECT pg_current_wal_lsn()::text")
+                    lsn = _one(s, _INSERT_LSN)
                     return FenceResult(position=lsn, attempts=attempts, terminated=terminated)
                 blockers = self._blockers(s, oids, _WRITE_LOCKS)
                 if round_ == 0 and terminate_blockers and blockers:
@@ -757,7 +762,7 @@ class PostgresMoveBackend:
         with self._source.session() as s:
             self._source_oids(s, "verify_before_fence")
             self._track(s, "source")
-            tracked_at = str(_one(s, "SELECT pg_current_wal_lsn()::text"))
+            tracked_at = str(_one(s, _INSERT_LSN))
         deadline = time.monotonic() + timeout_s
         while not self.drained(tracked_at):
             if time.monotonic() > deadline:

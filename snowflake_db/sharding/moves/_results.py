@@ -81,8 +81,8 @@ class Blocker:
 @dataclass(frozen=True)
 class FenceResult:
     """The fence is up; ``position`` is the drain point in the backend's terms (PostgreSQL:
-    ``pg_current_wal_lsn()`` after the fence committed): every commit of the shard's rows on
-    the source precedes it."""
+    ``pg_current_wal_insert_lsn()`` after the fence committed): every commit of the shard's
+    rows on the source precedes it."""
 
     position: str
     attempts: int
