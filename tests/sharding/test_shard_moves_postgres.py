@@ -286,7 +286,7 @@ def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_sha
         ).fetchall() == [(True,), (True,)]
     assert "error" not in outcome, outcome.get("error")
     fenced = outcome["fence"]
-    wait_until(lambda: backend.drained(fenced.lsn), timeout_s=STEP_TIMEOUT_S, what="drained")
+    wait_until(lambda: backend.drained(fenced.position), timeout_s=STEP_TIMEOUT_S, what="drained")
     assert straggler_id in pair.rows("target", "orders", shard)
 
     detail = f"shard={shard} target=pg_b move={backend.move_id}"
@@ -316,7 +316,7 @@ def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_sha
         conn.execute("DELETE FROM orders WHERE id = %s", (other,))
         conn.execute("DELETE FROM order_items WHERE order_id = 102")  # loaded, shard 6
         conn.execute("DELETE FROM orders WHERE id = 102")
-    assert fenced.lsn  # journaled by the orchestration
+    assert fenced.position  # journaled by the orchestration
     assert straggler_id in pair.rows("source", "orders", shard)
 
     # The source's rows stay while the publication streams; then the abort leaves nothing.
@@ -516,7 +516,7 @@ def test_first_pass_catches_a_mismatch_before_the_fence(pair: Pair) -> None:
     assert len(backend.leftovers().fence_triggers) == 0
     # Without the first pass's mark the second pass compares every row.
     fenced = backend.fence()
-    wait_until(lambda: backend.drained(fenced.lsn), timeout_s=STEP_TIMEOUT_S, what="drain")
+    wait_until(lambda: backend.drained(fenced.position), timeout_s=STEP_TIMEOUT_S, what="drain")
     with pytest.raises(VerificationMismatchError) as again:
         backend.verify()
     assert again.value.verification.scope == "full"

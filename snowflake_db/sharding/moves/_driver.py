@@ -52,7 +52,7 @@ def run_move_steps(
 
     def fence() -> object:
         fenced = backend.fence(terminate_blockers=terminate_blockers)
-        fence_lsn.append(fenced.lsn)
+        fence_lsn.append(fenced.position)
         return fenced
 
     def caught_up() -> int | None:

@@ -509,7 +509,8 @@ class PostgresMoveBackend:
             oids = self._source_oids(s, "fence")
             self._ensure_fence_function(s)
             if self._fence_complete(s, oids):
-                return FenceResult(lsn=_one(s, "SELECT pg_current_wal_lsn()::text"), attempts=0)
+                return FenceResult(position=_one(s, "SELECT pg_current_wal_lsn()::text"),
+                                   attempts=0)
             statements = [self._trigger_sql(table) for table in self.tables]
             terminated: tuple[int, ...] = ()
             attempts = 0
@@ -518,7 +519,7 @@ class PostgresMoveBackend:
                 attempts += tried
                 if taken:
                     lsn = _one(s, "SELECT pg_current_wal_lsn()::text")
-                    return FenceResult(lsn=lsn, attempts=attempts, terminated=terminated)
+                    return FenceResult(position=lsn, attempts=attempts, terminated=terminated)
                 blockers = self._blockers(s, oids, _WRITE_LOCKS)
                 if round_ == 0 and terminate_blockers and blockers:
                     terminated = tuple(sorted({b.pid for b in blockers}))

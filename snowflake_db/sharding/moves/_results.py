@@ -65,10 +65,10 @@ class Blocker:
 
 @dataclass(frozen=True)
 class FenceResult:
-    """The fence is up; ``lsn`` (``pg_current_wal_lsn()`` after it committed) is the drain
+    """The fence is up; ``position`` (``pg_current_wal_lsn()`` after it committed) is the drain
     point: every commit of the shard's rows on the source precedes it."""
 
-    lsn: str
+    position: str
     attempts: int
     terminated: tuple[int, ...] = ()
 

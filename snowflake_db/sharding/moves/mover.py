@@ -778,19 +778,19 @@ class _Run:
             if self._map_state(connection) != "cutover":
                 set_shard_state(connection, self.record.shard, "cutover",
                                 schema=self.mover.schema)
-            self.journal.done("fence", {"lsn": fenced.lsn, "attempts": fenced.attempts,
+            self.journal.done("fence", {"lsn": fenced.position, "attempts": fenced.attempts,
                                         "terminated": list(fenced.terminated)},
-                              capture=self._capture(fence_lsn=fenced.lsn),
+                              capture=self._capture(fence_lsn=fenced.position),
                               connection=connection)
-        self.fence_lsn = fenced.lsn
-        self.emit("fence", f"fence up at {fenced.lsn} after {fenced.attempts} attempt(s)")
+        self.fence_lsn = fenced.position
+        self.emit("fence", f"fence up at {fenced.position} after {fenced.attempts} attempt(s)")
 
     def do_drain(self) -> None:
         # The fence step's LSN (this run's, or journaled by an earlier run); a rerun of the
         # fence gives a later one.
         lsn = self.fence_lsn or self.journal.record().capture.get("fence_lsn")
         if not lsn:
-            lsn = self.backend.fence(terminate_blockers=self.terminate_blockers).lsn
+            lsn = self.backend.fence(terminate_blockers=self.terminate_blockers).position
 
         def drained() -> bool:
             if self.backend.drained(str(lsn)):
