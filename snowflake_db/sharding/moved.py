@@ -3,14 +3,15 @@
 A shard move's fence (docs/design/shard-moves.md) refuses every write of the moving shard on its
 source with SQLSTATE ``SFM01`` and ``DETAIL: shard=<k> target=<T> move=<m>`` (PostgreSQL), or
 on MariaDB with a ``SIGNAL SQLSTATE 'SFM01'`` whose message carries ``SFM01 shard=<k>
-target=<T> move=<m>`` (PyMySQL and mysqlclient report no SQLSTATE, only error 1644 and the
-message). Nothing of the refused write committed, so the work can run again once the router
-routes the shard to its new target. :func:`shard_moved_error` finds that error however a driver
-or framework wrapped it (psycopg's ``sqlstate``, psycopg2's ``pgcode``, the MySQL drivers'
-``args``, SQLAlchemy's ``DBAPIError.orig``, Django's ``__cause__``) and returns it as
-:class:`~snowflake_db.errors.ShardMovedError`;
-:func:`retry_shard_moved` runs a transaction function until it passes the fence, refreshing the
-router between attempts, within a bounded number of attempts and a bounded time.
+target=<T> move=<m>`` (error 1644; PyMySQL 1.2 also reports the SQLSTATE, mysqlclient and
+older PyMySQL only the number and the message). Nothing of the refused write committed, so
+the work can run again once the router routes the shard to its new target.
+:func:`shard_moved_error` finds that error however a driver or framework wrapped it
+(psycopg's ``sqlstate``, psycopg2's ``pgcode``, the MySQL drivers' ``args``, SQLAlchemy's
+``DBAPIError.orig``, Django's ``__cause__``) and returns it as
+:class:`~snowflake_db.errors.ShardMovedError`; :func:`retry_shard_moved` runs a transaction
+function until it passes the fence, refreshing the router between attempts, within a bounded
+number of attempts and a bounded time.
 
 Standard library only: the SQLAlchemy and Django helpers (``run_transaction`` in
 :mod:`snowflake_db.sqlalchemy.sharding`, ``atomic_with_retry`` in
@@ -41,8 +42,8 @@ logger = logging.getLogger("snowflake_db.sharding")
 
 #: The SQLSTATE of the fence's error.
 SQLSTATE = "SFM01"
-#: The error number of a MariaDB fence's ``SIGNAL`` (``ER_SIGNAL_EXCEPTION``), as the MySQL
-#: drivers report it: ``args == (1644, "... (SFM01 shard=<k> target=<T> move=<m>) ...")``.
+#: The error number of a MariaDB fence's ``SIGNAL`` (``ER_SIGNAL_EXCEPTION``), as every MySQL
+#: driver reports it: ``args == (1644, "... (SFM01 shard=<k> target=<T> move=<m>) ...")``.
 MARIADB_ERRNO = 1644
 #: How many times :func:`retry_shard_moved` runs the work at most, by default.
 DEFAULT_ATTEMPTS = 8
@@ -73,14 +74,14 @@ def shard_moved_error(error: BaseException) -> ShardMovedError | None:
         seen.add(id(current))
         if isinstance(current, ShardMovedError):
             return current
-        state = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
-        if state == SQLSTATE:
-            return _from_database(current)
         args: tuple[object, ...] = getattr(current, "args", ())
         if len(args) >= 2 and args[0] == MARIADB_ERRNO and isinstance(args[1], str):
             match = _MARIADB.search(args[1])
             if match is not None:
                 return _from_mariadb(args[1], match)
+        state = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
+        if state == SQLSTATE:
+            return _from_database(current)
         for name in ("orig", "__cause__", "__context__"):
             inner = getattr(current, name, None)
             if isinstance(inner, BaseException):

@@ -62,8 +62,9 @@ else:
 
 #: The SQLSTATE of the fence's ``SIGNAL`` (clients that report SQLSTATE see it).
 FENCE_SQLSTATE = "SFM01"
-#: The error number the fence's ``SIGNAL`` arrives with (``ER_SIGNAL_EXCEPTION``): PyMySQL and
-#: mysqlclient report only this and the message, which carries ``SFM01 shard=.. target=..``.
+#: The error number the fence's ``SIGNAL`` arrives with (``ER_SIGNAL_EXCEPTION``); the message
+#: carries ``SFM01 shard=.. target=.. move=..`` for drivers that do not report the SQLSTATE
+#: (mysqlclient; PyMySQL before 1.2).
 FENCE_ERRNO = 1644
 #: A session variable equal to the shard lets the mover's own sessions pass the fence (the
 #: deletes of the shard's rows, and the copy onto a target an earlier move fenced). The fence
