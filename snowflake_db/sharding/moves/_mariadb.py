@@ -75,7 +75,8 @@ FENCE_BYPASS_VARIABLE = "@sfdb_fence_bypass"
 #: server has finished that statement).
 COPY_LOCK_WAIT_S = 10
 #: The changelog's ``seq`` of the row marking the first verification pass (the capture's own
-#: rows start at 2), and the changelog's ``applied`` states.
+#: rows start at 2; the mark is also the only row in state ``_MARK``), and the changelog's
+#: ``applied`` states.
 _MARK_SEQ = 1
 _PENDING, _APPLIED, _MARK = 0, 1, 2
 _EVENTS = ("i", "u", "d")
@@ -988,7 +989,7 @@ END"""
         seqs = [int(seq) for seq, _, _ in pending]
         if not self._marked:
             self._marked = _one(s, f"SELECT 1 FROM {self._changelog()} WHERE seq = "
-                                   f"{_MARK_SEQ}") is not None
+                                   f"{_MARK_SEQ} AND applied = {_MARK}") is not None
         for batch in _batches(seqs, _ID_BATCH):
             if self._marked:
                 _run(s, f"UPDATE {self._changelog()} SET applied = {_APPLIED} WHERE seq IN "
@@ -1301,7 +1302,8 @@ END"""
                     raise ShardMoveError(f"verify: {pending} captured change(s) not applied "
                                          "to the target yet; drain first")
             marked = changelog and _one(
-                s, f"SELECT 1 FROM {self._changelog()} WHERE seq = {_MARK_SEQ}") is not None
+                s, f"SELECT 1 FROM {self._changelog()} WHERE seq = {_MARK_SEQ} "
+                   f"AND applied = {_MARK}") is not None
             scoped = marked and self._capture_complete(s, tables)
             with _transaction(t, snapshot=True), _transaction(s, snapshot=True):
                 logged = self._logged(s) if scoped else {}
@@ -1321,7 +1323,7 @@ END"""
     def _logged(self, s: Any) -> dict[str, set[int]]:
         found: dict[str, set[int]] = {}
         for tbl, row_id in _rows(s, f"SELECT DISTINCT tbl, id FROM {self._changelog()} "
-                                    f"WHERE seq <> {_MARK_SEQ}"):
+                                    f"WHERE applied <> {_MARK}"):
             found.setdefault(str(tbl), set()).add(int(row_id))
         return found
 
