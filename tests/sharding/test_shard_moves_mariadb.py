@@ -417,6 +417,11 @@ def test_fence_reports_its_blocker_then_terminates_it(pair: Pair) -> None:
         pair.execute("source", "INSERT INTO orders (id, customer_id, total_cents) "
                                f"VALUES ({(8890 << 4) | shard}, 1, 1)")
     assert is_fence_refusal(refused.value)
+    # Without its row (deleted by hand), the fence refuses: it never fails open.
+    pair.execute("source", f"DELETE FROM sfdb_fence_{backend.move_id}")
+    with pytest.raises(pymysql.MySQLError) as refused:
+        pair.execute("source", f"DELETE FROM orders WHERE id = {(8889 << 4) | shard}")
+    assert is_fence_refusal(refused.value)
     backend.unfence()
     backend.cleanup()
     assert backend.leftovers() == Leftovers()
