@@ -791,6 +791,24 @@ def test_check_passes_and_creates_nothing(pair: Pair) -> None:
     pair.assert_nothing_left()
 
 
+def test_another_moves_triggers_on_the_target_are_allowed(pair: Pair) -> None:
+    """The target may be the source of another shard's move at the same time: its fence and
+    capture triggers act on their own shard only, so the check lets them be."""
+    other = pair.backend(shard=3, move_id=77, source=pair.url("target"),
+                         target=pair.url("source"))
+    other.capture()
+    backend = pair.backend(shard=5)
+    backend.check()
+    results = run_steps(backend, stop_after="verify")
+    assert results["verify"].source == results["verify"].target
+    assert other.backlog() == 0  # the copy of shard 5 fired them, for nothing of shard 3
+    for move in (backend, other):
+        move.cleanup()
+        move.unfence()
+    backend.delete_target_rows()
+    pair.assert_nothing_left()
+
+
 def test_arguments_of_the_wrong_kind_are_refused(pair: Pair) -> None:
     with pytest.raises(InvalidArgumentTypeError, match="not int"):
         pair.backend(source=5)

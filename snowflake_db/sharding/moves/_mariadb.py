@@ -705,10 +705,12 @@ class MariaDBMoveBackend:
                     f"check 'columns': {s_table.moved.name} differs between source and target "
                     f"(name, type, character set, collation, generated, in order): source "
                     f"{s_cols}, target {t_cols}; run the same migrations on both")
+            # Other moves' fence and capture triggers act on their own shard only.
             others = [name for (name,) in _rows(
                 t, """SELECT TRIGGER_NAME FROM information_schema.TRIGGERS
                       WHERE EVENT_OBJECT_SCHEMA = %s AND EVENT_OBJECT_TABLE = %s
-                      AND TRIGGER_NAME NOT LIKE 'sfdb\\_fence\\_%%'""",
+                      AND TRIGGER_NAME NOT LIKE 'sfdb\\_fence\\_%%'
+                      AND TRIGGER_NAME NOT LIKE 'sfdb\\_capture\\_%%'""",
                 (t_table.schema, t_table.name))]
             if others:
                 raise ShardMoveError(
