@@ -494,6 +494,48 @@ def test_copier_killed_mid_copy_then_resumed_ends_exact(pair: Pair) -> None:
     pair.assert_nothing_left()
 
 
+@pytest.mark.parametrize(("which", "how"), [("source", "kill"), ("source", "stop"),
+                                            ("target", "kill")])
+def test_server_restarted_mid_copy_then_resumed_ends_exact(pair: Pair, which: str,
+                                                            how: str) -> None:
+    """A server SIGKILLed (crash recovery) or stopped cleanly while the copy is half done, with
+    captured changes not applied yet: the step fails naming the server; once it is back a new
+    backend of the move finishes with both sides equal."""
+    shard = 5
+    backend = pair.backend(shard=shard, chunk_rows=20)
+    run_steps(backend, stop_after="copy")
+    for _ in range(3):
+        backend.advance()
+    ids = sorted(pair.rows("source", "orders", shard))
+    pair.execute("source", f"UPDATE orders SET status = 'before restart' WHERE id IN "
+                           f"({ids[0]}, {ids[-1]})")
+    assert len(_changelog(pair, backend.move_id)) == 2
+    server = pair.server(which)
+    assert server.process is not None
+    if how == "kill":
+        server.process.kill()
+        server.process.wait(30)
+        server.process = None
+    else:
+        server.stop()
+    try:
+        with pytest.raises(ShardMoveError, match=f"cannot connect to the {which}"):
+            backend.advance()
+    finally:
+        server.start()
+    assert len(_changelog(pair, backend.move_id)) == 2  # committed changes survive
+    resumed = pair.backend(shard=shard, move_id=backend.move_id, chunk_rows=20)
+    results = run_steps(resumed, start_at="synced", stop_after="verify")
+    assert results["verify"].source == results["verify"].target
+    on_target = pair.rows("target", "orders", shard)
+    assert on_target == pair.rows("source", "orders", shard)
+    assert {on_target[ids[0]][2], on_target[ids[-1]][2]} == {"before restart"}
+    resumed.cleanup()
+    resumed.unfence()
+    resumed.delete_target_rows()
+    pair.assert_nothing_left()
+
+
 #: What a backend that ran up to each step leaves: capture (triggers + changelog), the copy's
 #: progress table, the fence up.
 LEFT_AFTER: dict[str, tuple[bool, bool, bool]] = {
