@@ -10,6 +10,7 @@ is known exactly. Without the MariaDB binaries the tests skip with the reason; u
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import subprocess
@@ -307,7 +308,14 @@ def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_sha
             waits[:] = _lock_waits(pair, "SET fenced = 1")
             return bool(waits)
 
-        wait_until(fence_waiting, timeout_s=30, what="the fence waiting for the straggler")
+        def state() -> object:
+            faulthandler.dump_traceback(all_threads=True)  # where the fence's thread is
+            return outcome, pair.query("source", "SELECT ID, COMMAND, TIME, STATE, INFO FROM "
+                                                 "information_schema.PROCESSLIST")
+
+        # Polled every 0.2 s: InnoDB refreshes its lock views only after 0.1 s without a read.
+        wait_until(fence_waiting, timeout_s=30, what="the fence waiting for the straggler",
+                   describe=state, poll_s=0.2)
         assert {blocker for _, blocker in waits} == {straggler.thread_id()}
         straggler.commit()
         thread.join(STEP_TIMEOUT_S)

@@ -70,6 +70,13 @@ FENCE_ERRNO = 1644
 #: deletes of the shard's rows, and the copy onto a target an earlier move fenced). The fence
 #: guards against stale routing, not against a session that means to bypass it.
 FENCE_BYPASS_VARIABLE = "@sfdb_fence_bypass"
+#: Seconds the fence's last attempt lasts at least, while a second session names the
+#: transactions it waits for.
+WATCHED_ATTEMPT_S = 1.0
+#: How often the fence's watcher reads InnoDB's lock views: InnoDB refreshes the cache behind
+#: ``INNODB_TRX`` and ``INNODB_LOCK_WAITS`` only when nobody read it for 100 ms, so faster
+#: polling reads one stale picture forever (measured; MySQL bug #48883).
+_LOCK_VIEW_POLL_S = 0.15
 #: Seconds a new session of the move waits for the move's lock on the target (held by every
 #: session that writes the shard there: a mover killed mid-statement releases it when the
 #: server has finished that statement).
@@ -1046,10 +1053,11 @@ END"""
         written the shard and not ended, while writes of the shard that arrive meanwhile queue
         behind it; other shards never touch the row. Once it commits, every change of the
         shard is in the changelog and every later write of the shard is refused. When the
-        budget is spent, the transactions holding the row are reported
-        (:class:`FenceBlockedError`), or with ``terminate_blockers`` their sessions are killed
-        (their transactions roll back: nothing acknowledged is lost) and the budget tried once
-        more. The position is the changelog's highest sequence number at the fence.
+        budget is spent (its last attempt lasting at least :data:`WATCHED_ATTEMPT_S`), the
+        transactions holding the row are reported (:class:`FenceBlockedError`), or with
+        ``terminate_blockers`` their sessions are killed (their transactions roll back: nothing
+        acknowledged is lost) and the budget tried once more. The position is the changelog's
+        highest sequence number at the fence.
         """
         with self._source.session() as s:
             self._resolve(s, "source")
@@ -1094,14 +1102,17 @@ END"""
         return f"changelog:{int(_one(s, f'SELECT COALESCE(MAX(seq), 0) FROM {self._changelog()}'))}"
 
     def _fence_attempts(self, s: Any) -> tuple[bool, int, tuple[Blocker, ...]]:
-        """Up to ``fence_attempts`` bounded updates of the fence row; on the last one a watcher
-        on a second session names the transactions it waits for."""
-        statement = (f"SET STATEMENT max_statement_time = {self.lock_timeout_ms / 1000:.3f} "
-                     f"FOR UPDATE {self._fence_table()} SET fenced = 1 WHERE move_id = %s")
+        """Up to ``fence_attempts`` bounded updates of the fence row. The last one lasts at
+        least :data:`WATCHED_ATTEMPT_S` while a second session names the transactions it
+        waits for (a 100 ms window is too short to be seen reliably on a busy server)."""
         blockers: list[Blocker] = []
         for attempt in range(1, self.fence_attempts + 1):
-            watcher = (self._watch(int(s.thread_id()), blockers)
-                       if attempt == self.fence_attempts else None)
+            last = attempt == self.fence_attempts
+            bound = max(self.lock_timeout_ms / 1000, WATCHED_ATTEMPT_S if last else 0)
+            statement = (f"SET STATEMENT max_statement_time = {bound:.3f} FOR UPDATE "
+                         f"{self._fence_table()} SET fenced = 1 WHERE move_id = %s")
+            ended = threading.Event()
+            watcher = self._watch(int(s.thread_id()), blockers, ended) if last else None
             try:
                 _run(s, statement, (self.move_id,))
                 return True, attempt, ()
@@ -1109,27 +1120,28 @@ END"""
                 if _errno(error) not in _GAVE_UP:
                     raise
             finally:
+                ended.set()
                 if watcher is not None:
-                    watcher.join(self.lock_timeout_ms / 1000 + 10)
-            if attempt < self.fence_attempts:
+                    watcher.join(10)
+            if not last:
                 time.sleep(self.retry_pause_s)  # the writes queued behind the attempt go on
         return False, self.fence_attempts, tuple(blockers)
 
-    def _watch(self, waiter: int, found: list[Blocker]) -> threading.Thread:
-        """A thread that, on its own session, records which transactions the session
-        ``waiter`` waits for while its attempt lasts."""
+    def _watch(self, waiter: int, found: list[Blocker], ended: threading.Event
+               ) -> threading.Thread:
+        """A thread that, on its own session, records the transactions the session ``waiter``
+        waits for, until it has seen them or ``ended`` is set."""
         try:
             conn = self._source.extra()
         except ShardMoveError:
             conn = None
-        deadline = time.monotonic() + self.lock_timeout_ms / 1000
         fence_table = f"{self._home('source')}.{self.fence_table_name}"
 
         def watch() -> None:
             if conn is None:
                 return
             try:
-                while time.monotonic() < deadline and not found:
+                while not found and not ended.is_set():
                     for r in _rows(conn, """SELECT DISTINCT b.trx_mysql_thread_id,
                             COALESCE(p.COMMAND, b.trx_state),
                             TIMESTAMPDIFF(MICROSECOND, b.trx_started, NOW(6)) / 1e6,
@@ -1144,7 +1156,7 @@ END"""
                         found.append(Blocker(pid=int(r[0]), state=str(r[1]),
                                              xact_age_s=float(r[2]), application_name=str(r[3]),
                                              table=fence_table))
-                    time.sleep(0.005)
+                    ended.wait(_LOCK_VIEW_POLL_S)
             except pymysql.MySQLError:
                 pass  # the report names fewer blockers; the fence's outcome is unchanged
             finally:
