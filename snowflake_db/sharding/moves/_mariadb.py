@@ -507,7 +507,9 @@ class MariaDBMoveBackend:
 
     @property
     def _lock_name(self) -> str:
-        return f"sfdb_move_{self.move_id}"
+        """The move's lock on the target (``GET_LOCK`` names are server-wide: the target's
+        database is part of it)."""
+        return _object_name(f"sfdb_move_{self.move_id}", self._home("target"))
 
     def fence_trigger_names(self, table: str) -> list[str]:
         return [_object_name(f"sfdb_fence_{self.move_id}_{e}", table) for e in _EVENTS]
@@ -857,8 +859,9 @@ END"""
                 tbl VARCHAR(130) NOT NULL PRIMARY KEY, last_id BIGINT NULL,
                 rows_copied BIGINT NOT NULL DEFAULT 0, done TINYINT NOT NULL DEFAULT 0
                 ) ENGINE=InnoDB""")
-            for table in self.tables:
-                _run(t, f"INSERT IGNORE INTO {self._progress()} (tbl) VALUES (%s)", (table.name,))
+            _run(t, f"INSERT IGNORE INTO {self._progress()} (tbl) VALUES "
+                    f"{', '.join(['(%s)'] * len(self.tables))}",
+                 tuple(table.name for table in self.tables))
         return {"progress_table": f"{self._home('target')}.{self.progress_name}"}
 
     def _read_progress(self, t: Any) -> dict[str, tuple[int | None, int, bool]] | None:
@@ -925,9 +928,13 @@ END"""
             t_table = self._resolved[("target", table.moved.name)]
             with _transaction(t):
                 self._insert(t, t_table, [r[1] for r in rows])
-                _run(t, f"UPDATE {self._progress()} SET last_id = %s, rows_copied = "
-                        "rows_copied + %s, done = %s WHERE tbl = %s",
-                     (new_last, len(rows), int(finished), table.moved.name))
+                # An upsert: a copy step that died after creating the table may have left
+                # a table's row out (recording nothing would copy the chunk again).
+                _run(t, f"INSERT INTO {self._progress()} (tbl, last_id, rows_copied, done) "
+                        "VALUES (%s, %s, %s, %s) ON DUPLICATE KEY UPDATE last_id = "
+                        "VALUES(last_id), rows_copied = rows_copied + VALUES(rows_copied), "
+                        "done = VALUES(done)",
+                     (table.moved.name, new_last, len(rows), int(finished)))
             progress[table.moved.name] = (new_last, progress.get(table.moved.name,
                                                                  (None, 0, False))[1]
                                           + len(rows), finished)
