@@ -1,13 +1,17 @@
 """A write refused by a moving shard's fence: recognise it, reload the map, run the work again.
 
 A shard move's fence (docs/design/shard-moves.md) refuses every write of the moving shard on its
-source with SQLSTATE ``SFM01`` and ``DETAIL: shard=<k> target=<T> move=<m>``. Nothing of that
-transaction committed, so the work can run again once the router routes the shard to its new
-target. :func:`shard_moved_error` finds that error however a driver or framework wrapped it
-(psycopg's ``sqlstate``, psycopg2's ``pgcode``, SQLAlchemy's ``DBAPIError.orig``, Django's
-``__cause__``) and returns it as :class:`~snowflake_db.errors.ShardMovedError`;
-:func:`retry_shard_moved` runs a transaction function until it passes the fence, refreshing the
-router between attempts, within a bounded number of attempts and a bounded time.
+source with SQLSTATE ``SFM01`` and ``DETAIL: shard=<k> target=<T> move=<m>`` (PostgreSQL), or
+on MariaDB with a ``SIGNAL SQLSTATE 'SFM01'`` whose message carries ``SFM01 shard=<k>
+target=<T> move=<m>`` (error 1644; PyMySQL 1.2 also reports the SQLSTATE, mysqlclient and
+older PyMySQL only the number and the message). Nothing of the refused write committed, so
+the work can run again once the router routes the shard to its new target.
+:func:`shard_moved_error` finds that error however a driver or framework wrapped it
+(psycopg's ``sqlstate``, psycopg2's ``pgcode``, the MySQL drivers' ``args``, SQLAlchemy's
+``DBAPIError.orig``, Django's ``__cause__``) and returns it as
+:class:`~snowflake_db.errors.ShardMovedError`; :func:`retry_shard_moved` runs a transaction
+function until it passes the fence, refreshing the router between attempts, within a bounded
+number of attempts and a bounded time.
 
 Standard library only: the SQLAlchemy and Django helpers (``run_transaction`` in
 :mod:`snowflake_db.sqlalchemy.sharding`, ``atomic_with_retry`` in
@@ -38,6 +42,9 @@ logger = logging.getLogger("snowflake_db.sharding")
 
 #: The SQLSTATE of the fence's error.
 SQLSTATE = "SFM01"
+#: The error number of a MariaDB fence's ``SIGNAL`` (``ER_SIGNAL_EXCEPTION``), as every MySQL
+#: driver reports it: ``args == (1644, "... (SFM01 shard=<k> target=<T> move=<m>) ...")``.
+MARIADB_ERRNO = 1644
 #: How many times :func:`retry_shard_moved` runs the work at most, by default.
 DEFAULT_ATTEMPTS = 8
 #: How long :func:`retry_shard_moved` keeps trying at most, by default (seconds): longer than a
@@ -51,6 +58,7 @@ MAX_PAUSE_SECONDS = 2.0
 POLL_SECONDS = 0.02
 
 _DETAIL = re.compile(r"shard=(?P<shard>\d+) target=(?P<target>\S+) move=(?P<move>\d+)")
+_MARIADB = re.compile(f"{SQLSTATE} " + _DETAIL.pattern)
 T = TypeVar("T")
 
 
@@ -66,6 +74,11 @@ def shard_moved_error(error: BaseException) -> ShardMovedError | None:
         seen.add(id(current))
         if isinstance(current, ShardMovedError):
             return current
+        args: tuple[object, ...] = getattr(current, "args", ())
+        if len(args) >= 2 and args[0] == MARIADB_ERRNO and isinstance(args[1], str):
+            match = _MARIADB.search(args[1])
+            if match is not None:
+                return _from_mariadb(args[1], match)
         state = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
         if state == SQLSTATE:
             return _from_database(current)
@@ -89,6 +102,18 @@ def _from_database(error: BaseException) -> ShardMovedError:
         )
     shard, target, move = int(match["shard"]), match["target"], int(match["move"])
     primary = getattr(diag, "message_primary", None) or str(error).splitlines()[0]
+    return ShardMovedError(
+        f"{primary} (shard {shard} moved to {target!r} by move {move}): reload the shard map "
+        "and run the transaction again",
+        shard=shard,
+        target=target,
+        move_id=move,
+    )
+
+
+def _from_mariadb(message: str, match: re.Match[str]) -> ShardMovedError:
+    shard, target, move = int(match["shard"]), match["target"], int(match["move"])
+    primary = message.partition(f" ({SQLSTATE} ")[0]
     return ShardMovedError(
         f"{primary} (shard {shard} moved to {target!r} by move {move}): reload the shard map "
         "and run the transaction again",
