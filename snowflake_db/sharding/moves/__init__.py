@@ -5,10 +5,11 @@ states and flip, the cleanup barrier, resume and abort (:mod:`.mover`). It drive
 :class:`MoveBackend`, the steps of one move (``docs/design/shard-moves.md``), chosen by the
 shard map's backend of the two servers (a move between two backends is refused):
 :class:`PostgresMoveBackend` between PostgreSQL servers (psycopg 3, the ``postgres`` extra;
-imported when first used), the MariaDB backend between MariaDB servers (PyMySQL, the ``mysql``
-extra). Each step is idempotent and finds its objects by name, so it can run again after the
-mover died. The journal, the shard map and the flip belong to the orchestration; the driver
-:func:`run_move_steps` runs the steps in order without them (tests, scripts).
+imported when first used), :class:`MariaDBMoveBackend` between MariaDB servers (PyMySQL, the
+``mysql`` extra; imported when first used). Each step is idempotent and finds its objects by
+name, so it can run again after the mover died. The journal, the shard map and the flip belong
+to the orchestration; the driver :func:`run_move_steps` runs the steps in order without them
+(tests, scripts).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,7 @@ from .mover import (
 )
 
 if TYPE_CHECKING:
+    from ._mariadb import MariaDBMoveBackend
     from ._postgres import (
         FENCE_BYPASS_SETTING,
         FENCE_FUNCTION,
@@ -63,6 +65,10 @@ def __getattr__(name: str) -> Any:
         from . import _postgres
 
         return getattr(_postgres, name)
+    if name == "MariaDBMoveBackend":
+        from ._mariadb import MariaDBMoveBackend
+
+        return MariaDBMoveBackend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -82,6 +88,7 @@ __all__ = [
     "FenceBlockedError",
     "FenceResult",
     "Leftovers",
+    "MariaDBMoveBackend",
     "MoveBackend",
     "MovePlan",
     "MoveProgress",

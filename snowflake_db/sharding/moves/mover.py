@@ -124,7 +124,7 @@ COPY_POLL_S = 0.05
 #: The step a move stops at without ``assume_no_static_workers``.
 STATIC_WORKERS_STEP = "delete_source_rows"
 #: An earlier move's fence on the target: ``sfdb_fence_<move id>_<suffix>`` (every backend).
-_OLD_FENCE = re.compile(r"^sfdb_fence_(\d+)_[a-z]+$")
+_OLD_FENCE = re.compile(r"^sfdb_fence_(\d+)_")
 
 Target = str | URL | Engine
 
