@@ -100,20 +100,17 @@ def _from_database(error: BaseException) -> ShardMovedError:
             shard=-1,
             target="",
         )
-    shard, target, move = int(match["shard"]), match["target"], int(match["move"])
     primary = getattr(diag, "message_primary", None) or str(error).splitlines()[0]
-    return ShardMovedError(
-        f"{primary} (shard {shard} moved to {target!r} by move {move}): reload the shard map "
-        "and run the transaction again",
-        shard=shard,
-        target=target,
-        move_id=move,
-    )
+    return _moved(primary, match)
 
 
 def _from_mariadb(message: str, match: re.Match[str]) -> ShardMovedError:
+    return _moved(message.partition(f" ({SQLSTATE} ")[0], match)
+
+
+def _moved(primary: str, match: re.Match[str]) -> ShardMovedError:
+    """The error for a fence's refusal whose ``shard=.. target=.. move=..`` is ``match``."""
     shard, target, move = int(match["shard"]), match["target"], int(match["move"])
-    primary = message.partition(f" ({SQLSTATE} ")[0]
     return ShardMovedError(
         f"{primary} (shard {shard} moved to {target!r} by move {move}): reload the shard map "
         "and run the transaction again",
