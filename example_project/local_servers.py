@@ -16,7 +16,7 @@ touched.
   MariaDB's Spider engine loaded from :func:`find_spider_plugin`, :func:`spider_servers` a Spider
   front and its backend servers (``tests/sharding/fetch_spider_plugin.sh`` unpacks the plugin into
   ``.venv/spider``; installing ``mariadb-plugin-spider`` system-wide would reconfigure the shared
-  server).
+  server). :func:`mariadb_unavailable` says why they cannot run.
 
 Missing binaries raise :class:`ServerUnavailableError` with the reason; the caller decides
 whether that skips (tests), fails (tests under ``CI=true``) or stops with a message (demo).
@@ -257,6 +257,15 @@ def find_spider_plugin() -> Path:
     return path
 
 
+def mariadb_unavailable() -> str | None:
+    """Why throwaway MariaDB servers cannot run here, or ``None``."""
+    missing = [p for p in ("mariadbd", "mariadb-install-db") if not shutil.which(p)]
+    if missing:
+        return (f"{' and '.join(missing)} not found on PATH: both are needed to start a "
+                "throwaway MariaDB server")
+    return None
+
+
 class ThrowawayMariaDB:
     """A private mariadbd: own datadir, tmpdir, port and socket; stopped by its PID."""
 
@@ -265,10 +274,9 @@ class ThrowawayMariaDB:
 
     def __init__(self, *, plugin_dir: Path | None = None, name: str = "mariadb",
                  template: Path | None = None) -> None:
-        if not shutil.which("mariadbd") or not shutil.which("mariadb-install-db"):
-            raise ServerUnavailableError(
-                "mariadbd and mariadb-install-db are needed to start a throwaway MariaDB server"
-            )
+        problem = mariadb_unavailable()
+        if problem:
+            raise ServerUnavailableError(problem)
         self.plugin_dir = plugin_dir
         self.directory = Path(tempfile.mkdtemp(prefix=f"sfdb-{name}-"))
         self.data, self.tmp = self.directory / "data", self.directory / "tmp"
@@ -358,6 +366,19 @@ class ThrowawayMariaDB:
 
         return pymysql.connect(host=self.host, port=self.port, user=self.user,
                                database=database, autocommit=True, connect_timeout=2, **options)
+
+    def execute(self, *statements: str, database: str | None = None) -> None:
+        """Run statements in autocommit mode (``CREATE DATABASE`` and the like)."""
+        connection = self.connect(database)
+        try:
+            with connection.cursor() as cursor:
+                for statement in statements:
+                    cursor.execute(statement)
+        finally:
+            connection.close()
+
+    def create_database(self, name: str) -> None:
+        self.execute(f"CREATE DATABASE `{name}`")
 
     def stop(self) -> None:
         """SIGTERM to the server's PID (a clean shutdown), SIGKILL if it outlasts the bound."""
