@@ -95,15 +95,17 @@ def logical_clusters(names: Sequence[str]) -> Iterator[dict[str, ThrowawayPostgr
 
 
 @contextmanager
-def throwaway_servers(names: Sequence[str], backend: str = "postgresql"
-                      ) -> Iterator[dict[str, Server]]:
+def throwaway_servers(names: Sequence[str], backend: str = "postgresql", *,
+                      mariadb_options: Sequence[str] = ()) -> Iterator[dict[str, Server]]:
     """One running throwaway server of ``backend`` per name, closed (stopped by PID, their
     directories deleted) at the end: PostgreSQL clusters with :data:`LOGICAL_CONF`, or
-    ``mariadbd`` servers from one install (a MariaDB move needs no server setting)."""
+    ``mariadbd`` servers from one install (a MariaDB move needs no server setting;
+    ``mariadb_options`` are more ``mariadbd`` options)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    servers: Sequence[Server] = (start_logical_clusters(names) if backend == "postgresql"
-                                 else mariadb_servers(len(names), names=list(names)))
+    servers: Sequence[Server] = (
+        start_logical_clusters(names) if backend == "postgresql"
+        else mariadb_servers(len(names), names=list(names), options=mariadb_options))
     try:
         yield dict(zip(names, servers, strict=True))
     finally:

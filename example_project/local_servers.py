@@ -267,17 +267,22 @@ def mariadb_unavailable() -> str | None:
 
 
 class ThrowawayMariaDB:
-    """A private mariadbd: own datadir, tmpdir, port and socket; stopped by its PID."""
+    """A private mariadbd: own datadir, tmpdir, port and socket; stopped by its PID.
+
+    ``options`` are more ``mariadbd`` options, after the defaults (a later option wins: e.g.
+    ``--innodb-buffer-pool-size=256M`` for a benchmark's rows).
+    """
 
     host = "127.0.0.1"
     user = "root"
 
     def __init__(self, *, plugin_dir: Path | None = None, name: str = "mariadb",
-                 template: Path | None = None) -> None:
+                 template: Path | None = None, options: Sequence[str] = ()) -> None:
         problem = mariadb_unavailable()
         if problem:
             raise ServerUnavailableError(problem)
         self.plugin_dir = plugin_dir
+        self.options = list(options)
         self.directory = Path(tempfile.mkdtemp(prefix=f"sfdb-{name}-"))
         self.data, self.tmp = self.directory / "data", self.directory / "tmp"
         self.log = self.directory / "server.log"
@@ -335,7 +340,7 @@ class ThrowawayMariaDB:
                 ["mariadbd", "--no-defaults", f"--datadir={self.data}", f"--tmpdir={self.tmp}",
                  f"--port={self.port}", "--bind-address=127.0.0.1",
                  f"--socket={self.directory / 'mysqld.sock'}", *plugin, "--skip-log-bin",
-                 "--innodb-buffer-pool-size=32M", *self._user],
+                 "--innodb-buffer-pool-size=32M", *self._user, *self.options],
                 stdout=log, stderr=subprocess.STDOUT, env=self._environment,
             )
 
@@ -403,20 +408,22 @@ class ThrowawayMariaDB:
 
 
 def mariadb_servers(count: int, *, names: list[str] | None = None,
-                    plugin_dir: Path | None = None) -> list[ThrowawayMariaDB]:
-    """Start ``count`` throwaway mariadbd servers at once, all running.
+                    plugin_dir: Path | None = None, options: Sequence[str] = ()
+                    ) -> list[ThrowawayMariaDB]:
+    """Start ``count`` throwaway mariadbd servers at once, all running (``options``: more
+    ``mariadbd`` options for each).
 
     One ``mariadb-install-db``; the others copy its (never started) datadir, and all start in
-    parallel. The caller closes each (or use :func:`running_mariadb_servers`).
+    parallel. The caller closes each.
     """
     names = names or [f"mariadb{i}" for i in range(count)]
     servers: list[ThrowawayMariaDB] = []
     try:
-        first = ThrowawayMariaDB(plugin_dir=plugin_dir, name=names[0])
+        first = ThrowawayMariaDB(plugin_dir=plugin_dir, name=names[0], options=options)
         servers.append(first)
         for name in names[1:count]:
             servers.append(ThrowawayMariaDB(plugin_dir=plugin_dir, name=name,
-                                            template=first.data))
+                                            template=first.data, options=options))
         for server in servers:
             server.launch()
         for server in servers:
