@@ -297,6 +297,22 @@ def measure_capacity(processes: grow.OrderProcesses, seconds: float) -> float:
     return (processes.acknowledged.value - before) / (time.monotonic() - started)
 
 
+def deadlocks_during(deadlocked: Sequence[grow.Write],
+                     journal: dict[str, tuple[float, float]]) -> str:
+    """How many of the deadlocked writes overlapped the move's ``capture`` (its triggers made)
+    and ``cleanup`` (its capture triggers dropped) steps, and how many neither."""
+    counts = dict.fromkeys(("capture", "cleanup"), 0)
+    elsewhere = 0
+    for write in deadlocked:
+        overlapping = [step for step in counts if step in journal
+                       and write.started <= journal[step][1]
+                       and journal[step][0] <= write.started + write.latency]
+        for step in overlapping:
+            counts[step] += 1
+        elsewhere += not overlapping
+    return f"during capture {counts['capture']}, cleanup {counts['cleanup']}, neither {elsewhere}"
+
+
 def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],
            probe_writes: list[grow.Write], problems: list[str], audit: grow.Audit,
            journal: dict[str, tuple[float, float]],
@@ -366,7 +382,8 @@ def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],
         ("writes run again after a deadlock", f"{len(deadlocked)}",
          f"{sum(w.deadlocks for w in deadlocked)} deadlocks in all, "
          f"{max((w.deadlocks for w in deadlocked), default=0)} at most for one write; "
-         f"{sum(1 for w in deadlocked if w.shard == shard)} on shard {shard}"),
+         f"{sum(1 for w in deadlocked if w.shard == shard)} on shard {shard}; "
+         f"{deadlocks_during(deadlocked, journal)}"),
         (f"copy: the move's vs {pipe_name}", f"{copy_ratio:.2f}x",
          f"target >= 0.5x; {shard_rows:,} rows in {copy_s:.2f} s vs {pipe_rows:,} rows in "
          f"{pipe_s:.2f} s"),
