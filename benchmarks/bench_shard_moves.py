@@ -1,35 +1,41 @@
 """An online shard move under writers, measured: nothing lost or doubled, the moving shard's
-pause, the other shards' write rate, the copy speed against a plain COPY pipe.
+pause, the other shards' write rate, the copy speed against a plain dump-and-load pipe.
 
 Starts two throwaway PostgreSQL clusters (``wal_level = logical``,
-``wal_retrieve_retry_interval = 200ms``; ``example_project.grow``), a control database (worker
-table and shard map) and the shop's tables with real Snowflake keys over 16 logical shards, all
-served by the first cluster. Loads ``--rows-per-shard`` orders per shard, starts ``--writers``
-order PROCESSES (leased worker IDs, routing by the map, placing and updating orders through
-``run_transaction``, which retries a write the fence refused), measures their capacity (writes
+``wal_retrieve_retry_interval = 200ms``; ``example_project.grow``), or with ``--backend
+mariadb`` two throwaway ``mariadbd`` servers (no binary log, a buffer pool that holds the rows),
+a control database (worker table and shard map) and the shop's tables with real Snowflake keys
+over 16 logical shards, all served by the first server. Loads ``--rows-per-shard`` orders per
+shard, starts ``--writers`` order PROCESSES (leased worker IDs, routing by the map, placing
+and updating orders through ``run_transaction``, which retries a write the fence refused, and
+again after a deadlock), measures their capacity (writes
 one after the other) and then has them write on a schedule at ``--offered-share`` of it (0.5 by
 default: a shop's orders arrive at the rate customers place them, and its servers do not run
 flat out; the writers, both clusters and the mover share this machine's cores, so writers
 running flat out would measure the move's CPU rather than whether it holds their writes up;
 ``--offered-share 0`` runs them flat out), measures a baseline, pipes the
-moving shard's rows with ``COPY ... TO STDOUT`` into ``COPY ... FROM STDIN`` on the second
-cluster (a scratch database, under the same writers), then moves the shard with
-``ShardMover`` and keeps writing for a moment. Prints one table::
+moving shard's rows into a scratch database on the second server (under the same writers):
+PostgreSQL ``COPY ... TO STDOUT`` into ``COPY ... FROM STDIN``, MariaDB ``mariadb-dump
+--where '(id & 15) = <shard>'`` into ``mariadb``; then moves the shard with ``ShardMover`` and
+keeps writing for a moment. Prints one table::
 
-    python benchmarks/bench_shard_moves.py [--quick] [--check]
+    python benchmarks/bench_shard_moves.py [--backend mariadb] [--quick] [--check]
 
 ``--check`` exits 1 when a target is missed and names it: 0 acknowledged orders lost or
 doubled; the moving shard's pause (p99 latency of its writes begun between the fence and the
 flip, minus its baseline p99; a fifth process, the probe, writes to that shard only, one write
 after the other) at most 1 s; the other shards' write rate during
-the move at least 0.8x the baseline (their p99 latency is shown beside it); the
-subscription's copy at least 0.5x the pipe's rows/s.
+the move at least 0.8x the baseline on PostgreSQL, 0.7x on MariaDB (their p99 latency is shown
+beside it); the move's copy at least 0.5x the pipe's rows/s. Writes that ran again after a
+deadlock (on MariaDB the move's ``CREATE``/``DROP TRIGGER`` makes a transaction that read a
+moved table and then writes it a metadata-lock deadlock's victim) are counted and shown.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -45,7 +51,14 @@ from example_project import grow
 from example_project.common import SHOP_LAYOUT
 
 SOURCE, TARGET = "src", "dst"
-TARGETS = {"lost_doubled": 0, "pause_s": 1.0, "other_rate": 0.8, "copy_ratio": 0.5}
+TARGETS = {"lost_doubled": 0, "pause_s": 1.0, "copy_ratio": 0.5}
+#: The other shards' rate target per backend (issue 32: 0.7x on MariaDB).
+OTHER_RATE = {"postgresql": 0.8, "mariadb": 0.7}
+#: What the move's copy is compared with, per backend.
+PIPE = {"postgresql": "COPY pipe", "mariadb": "mariadb-dump | mariadb"}
+#: The MariaDB servers' buffer pool holds the benchmark's rows (the throwaway default, 32 MB,
+#: does not: the copy and the writers would measure the disk).
+MARIADB_OPTIONS = ("--innodb-buffer-pool-size=512M",)
 
 
 def p99(values: Sequence[float]) -> float:
@@ -77,23 +90,48 @@ def load(shop: grow.GrowingShop, factory: Any, rows_per_shard: int) -> int:
                                       name=f"c{shard}-{n}") for n in range(4)]
                      for shard in range(16)}
         session.add_all(c for group in customers.values() for c in group)
+
+    def orders(shard: int) -> list[tuple[int, int, int]]:
+        ids = router.new_ids(rows_per_shard, shard=shard, generator=generator)
+        group = customers[shard]
+        return [(order_id, group[n % 4].id, 100 + n % 1000) for n, order_id in enumerate(ids)]
+
+    if shop.backend == "mariadb":
+        with mariadb_connect(shop.urls[SOURCE]) as connection, connection.cursor() as cursor:
+            for shard in range(16):
+                rows = orders(shard)
+                for start in range(0, len(rows), 5000):  # one multi-row INSERT each
+                    cursor.executemany("INSERT INTO shop_order (id, customer_id, total_cents) "
+                                       "VALUES (%s, %s, %s)", rows[start:start + 5000])
+            cursor.execute("ANALYZE TABLE shop_customer, shop_order, shop_orderitem")
+            cursor.fetchall()
+        return 16 * rows_per_shard
     with psycopg.connect(conninfo(shop.urls[SOURCE])) as connection:
         with connection.cursor().copy(
             "COPY shop_order (id, customer_id, total_cents) FROM STDIN"
         ) as copy:
             for shard in range(16):
-                ids = router.new_ids(rows_per_shard, shard=shard, generator=generator)
-                group = customers[shard]
-                for n, order_id in enumerate(ids):
-                    copy.write_row((order_id, group[n % 4].id, 100 + n % 1000))
+                for row in orders(shard):
+                    copy.write_row(row)
         connection.execute("ANALYZE")
     return 16 * rows_per_shard
+
+
+def mariadb_connect(url: str) -> Any:
+    """A PyMySQL connection (autocommit) to a throwaway server's SQLAlchemy URL."""
+    import pymysql
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    return pymysql.connect(host=parsed.host, port=parsed.port, user=parsed.username,
+                           database=parsed.database, autocommit=True)
 
 
 def pipe_copy(shop: grow.GrowingShop, cluster: Any, shard: int) -> tuple[int, float]:
     """The shard's rows of the three tables from the source into a scratch database on the
     target: ``COPY (SELECT ...) TO STDOUT`` streamed into ``COPY ... FROM STDIN`` (foreign keys
-    not checked, as the subscription's apply worker does not). Rows and seconds."""
+    not checked, as the subscription's apply worker does not), or on MariaDB
+    :func:`pipe_dump`. Rows and seconds."""
     from sqlalchemy import create_engine
 
     from example_project.sqlalchemy_shop import Base
@@ -102,6 +140,8 @@ def pipe_copy(shop: grow.GrowingShop, cluster: Any, shard: int) -> tuple[int, fl
     engine = create_engine(cluster.url("pipe"))
     Base.metadata.create_all(engine)
     engine.dispose()
+    if shop.backend == "mariadb":
+        return pipe_dump(shop, cluster, shard)
     rows = 0
     mask = SHOP_LAYOUT.max_shard
     started = time.perf_counter()
@@ -118,6 +158,39 @@ def pipe_copy(shop: grow.GrowingShop, cluster: Any, shard: int) -> tuple[int, fl
         elapsed = time.perf_counter() - started  # the counts below are not the copy's
         for table in grow.SHOP_TABLES:
             rows += int(target.execute(f"SELECT count(*) FROM {table}").fetchone()[0])  # type: ignore[index]
+    return rows, elapsed
+
+
+def pipe_dump(shop: grow.GrowingShop, server: Any, shard: int) -> tuple[int, float]:
+    """``mariadb-dump --single-transaction --no-create-info --where '(id & 15) = <shard>'`` of
+    the three tables on the source piped into ``mariadb`` on the target's scratch database
+    ``pipe`` (the dump turns foreign key checks off, as the mover's copy does; one multi-row
+    INSERT per 1 MB, autocommit). Rows and seconds, from the dump's start to the load's end."""
+    from sqlalchemy.engine import make_url
+
+    source = make_url(shop.urls[SOURCE])
+    where = f"--where=(id & {SHOP_LAYOUT.max_shard}) = {shard}"
+    dump = ["mariadb-dump", "--no-defaults", f"--host={source.host}", f"--port={source.port}",
+            f"--user={source.username}", "--single-transaction", "--no-create-info",
+            "--skip-triggers", where, str(source.database), *grow.SHOP_TABLES]
+    load = ["mariadb", "--no-defaults", f"--host={server.host}", f"--port={server.port}",
+            f"--user={server.user}", "pipe"]
+    started = time.perf_counter()
+    dumper = subprocess.Popen(dump, stdout=subprocess.PIPE)
+    assert dumper.stdout is not None
+    loaded = subprocess.run(load, stdin=dumper.stdout, capture_output=True, timeout=600,
+                            check=False)
+    dumper.stdout.close()
+    dumped = dumper.wait(timeout=60)
+    elapsed = time.perf_counter() - started
+    if dumped or loaded.returncode:
+        raise RuntimeError(f"mariadb-dump exited with {dumped}, mariadb with "
+                           f"{loaded.returncode}: {loaded.stderr.decode(errors='replace')}")
+    with mariadb_connect(server.url("pipe")) as connection, connection.cursor() as cursor:
+        rows = 0
+        for table in grow.SHOP_TABLES:
+            cursor.execute(f"SELECT count(*) FROM {table}")
+            rows += int(cursor.fetchone()[0])
     return rows, elapsed
 
 
@@ -144,8 +217,9 @@ def journal_times(shop: grow.GrowingShop, move_id: int) -> dict[str, tuple[float
 
 def run(args: argparse.Namespace) -> int:
     shard = args.shard
-    with grow.logical_clusters([SOURCE, TARGET]) as clusters:
-        shop = grow.prepare_shop(clusters, [SOURCE])
+    with grow.throwaway_servers([SOURCE, TARGET], args.backend,
+                                mariadb_options=MARIADB_OPTIONS) as clusters:
+        shop = grow.prepare_shop(clusters, [SOURCE], args.backend)
         from example_project.workers import configure_worker
 
         configure_worker(shop.control_url)
@@ -223,12 +297,29 @@ def measure_capacity(processes: grow.OrderProcesses, seconds: float) -> float:
     return (processes.acknowledged.value - before) / (time.monotonic() - started)
 
 
+def deadlocks_during(deadlocked: Sequence[grow.Write],
+                     journal: dict[str, tuple[float, float]]) -> str:
+    """How many of the deadlocked writes overlapped the move's ``capture`` (its triggers made)
+    and ``cleanup`` (its capture triggers dropped) steps, and how many neither."""
+    counts = dict.fromkeys(("capture", "cleanup"), 0)
+    elsewhere = 0
+    for write in deadlocked:
+        overlapping = [step for step in counts if step in journal
+                       and write.started <= journal[step][1]
+                       and journal[step][0] <= write.started + write.latency]
+        for step in overlapping:
+            counts[step] += 1
+        elsewhere += not overlapping
+    return f"during capture {counts['capture']}, cleanup {counts['cleanup']}, neither {elsewhere}"
+
+
 def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],
            probe_writes: list[grow.Write], problems: list[str], audit: grow.Audit,
            journal: dict[str, tuple[float, float]],
            events: list[tuple[float, str, str, dict[str, Any]]], baseline: tuple[float, float],
            pipe: tuple[int, float], capacity: float) -> int:
     shard = args.shard
+    other_target, pipe_name = OTHER_RATE[args.backend], PIPE[args.backend]
     move_start, move_end = journal["check"][0], journal["finish"][1]
     fence_at, flip_at = journal["fence"][0], journal["flip"][1]
     # The copy from the copy step's start (the mover's map update and CREATE SUBSCRIPTION) to
@@ -264,7 +355,9 @@ def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],
     lost = len(audit.lost) + len(audit.stale)
     doubled = len(audit.doubled) + len(audit.misplaced)
     moving_writes = len(moving)
+    deadlocked = [w for w in writes + probe_writes if w.deadlocks]
     rows = [
+        ("backend", args.backend, "source and target: throwaway servers on this machine"),
         ("rows loaded (16 shards)", f"{loaded:,}", ""),
         ("writer processes / writes acknowledged", f"{args.writers} / {len(writes):,}",
          f"and a probe writing to shard {shard} only: {len(probe_writes):,}; "
@@ -284,9 +377,14 @@ def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],
                    for step in ("fence", "drain", "verify", "drop_old_fence", "flip")
                    if step in journal)),
         ("other shards' write rate during / before", f"{other_ratio:.2f}x",
-         f"target >= 0.8x; {others_during:.0f}/s vs {others_before:.0f}/s; their p99 "
-         f"{others_p99_during * 1000:.0f} ms vs {others_p99_before * 1000:.0f} ms"),
-        ("copy: subscription vs COPY pipe", f"{copy_ratio:.2f}x",
+         f"target >= {other_target}x; {others_during:.0f}/s vs {others_before:.0f}/s; their "
+         f"p99 {others_p99_during * 1000:.0f} ms vs {others_p99_before * 1000:.0f} ms"),
+        ("writes run again after a deadlock", f"{len(deadlocked)}",
+         f"{sum(w.deadlocks for w in deadlocked)} deadlocks in all, "
+         f"{max((w.deadlocks for w in deadlocked), default=0)} at most for one write; "
+         f"{sum(1 for w in deadlocked if w.shard == shard)} on shard {shard}; "
+         f"{deadlocks_during(deadlocked, journal)}"),
+        (f"copy: the move's vs {pipe_name}", f"{copy_ratio:.2f}x",
          f"target >= 0.5x; {shard_rows:,} rows in {copy_s:.2f} s vs {pipe_rows:,} rows in "
          f"{pipe_s:.2f} s"),
         ("move, check to finish", f"{move_end - move_start:.2f} s",
@@ -300,10 +398,11 @@ def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],
         misses.append(f"acknowledged orders lost/duplicated {lost}/{doubled} (target 0/0)")
     if pause > TARGETS["pause_s"]:
         misses.append(f"moving shard's pause {pause:.3f} s (target <= 1 s)")
-    if other_ratio < TARGETS["other_rate"]:
-        misses.append(f"other shards' write rate {other_ratio:.2f}x (target >= 0.8x)")
+    if other_ratio < other_target:
+        misses.append(f"other shards' write rate {other_ratio:.2f}x (target >= "
+                      f"{other_target}x)")
     if copy_ratio < TARGETS["copy_ratio"]:
-        misses.append(f"copy speed {copy_ratio:.2f}x of the COPY pipe (target >= 0.5x)")
+        misses.append(f"copy speed {copy_ratio:.2f}x of the {pipe_name} (target >= 0.5x)")
     misses.extend(problems)
     for miss in misses:
         print(f"MISSED: {miss}", file=sys.stderr)
@@ -315,6 +414,8 @@ def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--backend", choices=grow.BACKENDS, default="postgresql",
+                        help="throwaway PostgreSQL clusters (default) or mariadbd servers")
     parser.add_argument("--quick", action="store_true", help="a small run for a smoke test")
     parser.add_argument("--rows-per-shard", type=int, default=None)
     parser.add_argument("--writers", type=int, default=4)

@@ -1,6 +1,6 @@
 """``python -m example_project``: the Django shop demo (see ``example_project.django_shop``);
-``python -m example_project --grow``: the shop grows onto new PostgreSQL servers while orders
-keep coming (see ``example_project.grow``)."""
+``python -m example_project --grow [--backend mariadb]``: the shop grows onto new PostgreSQL (or
+MariaDB) servers while orders keep coming (see ``example_project.grow``)."""
 
 import sys
 

@@ -1,8 +1,11 @@
-"""``python -m example_project --grow``: the shop grows from two PostgreSQL servers to four while
-orders keep coming.
+"""``python -m example_project --grow [--backend mariadb]``: the shop grows from two PostgreSQL
+(or MariaDB) servers to four while orders keep coming.
 
-It starts four throwaway PostgreSQL clusters (``wal_level = logical``; two serve the shop, two
-are new), a control database holding the worker table and the shard map, and the SQLAlchemy
+It starts four throwaway servers of the backend (two serve the shop, two are new): PostgreSQL
+clusters with ``wal_level = logical``, or ``mariadbd`` servers as they come (a MariaDB move
+captures the shard's changes with triggers and needs no server setting; see
+``docs/design/shard-moves.md``). On the first one a control database holds the worker table and
+the shard map; each holds the SQLAlchemy
 shop's tables with :data:`~example_project.sqlalchemy_shop.MOVABLE_RULES` (every row's logical
 shard in its own ID). Order processes lease worker IDs, route by the shard map and place and
 update orders the whole time, retrying a write the moving shard's fence refused
@@ -37,7 +40,13 @@ from sqlalchemy.engine import Engine
 import snowflake_db.process
 
 from .common import SHOP_LAYOUT, Checks, plural
-from .local_servers import ServerUnavailableError, ThrowawayPostgres, postgres_clusters
+from .local_servers import (
+    ServerUnavailableError,
+    ThrowawayMariaDB,
+    ThrowawayPostgres,
+    mariadb_servers,
+    postgres_clusters,
+)
 
 #: Appended to every cluster's ``postgresql.conf`` before it starts (``wal_level`` needs a
 #: restart; the short retry interval starts a subscription's workers at once).
@@ -53,6 +62,17 @@ max_worker_processes = 16
 SHOP_TABLES = ("shop_customer", "shop_order", "shop_orderitem")
 #: How often the order processes' routers re-read the map's version (seconds).
 REFRESH_S = 0.2
+#: The backends the grow mode runs on (the shard map's names).
+BACKENDS = ("postgresql", "mariadb")
+#: Per backend: the servers that serve the shop at first, and the new ones.
+SERVER_NAMES = {
+    "postgresql": (("pg_a", "pg_b"), ("pg_c", "pg_d")),
+    "mariadb": (("maria_a", "maria_b"), ("maria_c", "maria_d")),
+}
+#: What the demo says it started, per backend.
+SERVER_KIND = {"postgresql": "PostgreSQL clusters (wal_level = logical)",
+               "mariadb": "MariaDB servers"}
+Server = ThrowawayPostgres | ThrowawayMariaDB
 
 
 # -- throwaway clusters ------------------------------------------------------------------------
@@ -74,25 +94,46 @@ def logical_clusters(names: Sequence[str]) -> Iterator[dict[str, ThrowawayPostgr
             cluster.close()
 
 
+@contextmanager
+def throwaway_servers(names: Sequence[str], backend: str = "postgresql", *,
+                      mariadb_options: Sequence[str] = ()) -> Iterator[dict[str, Server]]:
+    """One running throwaway server of ``backend`` per name, closed (stopped by PID, their
+    directories deleted) at the end: PostgreSQL clusters with :data:`LOGICAL_CONF`, or
+    ``mariadbd`` servers from one install (a MariaDB move needs no server setting;
+    ``mariadb_options`` are more ``mariadbd`` options)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    servers: Sequence[Server] = (
+        start_logical_clusters(names) if backend == "postgresql"
+        else mariadb_servers(len(names), names=list(names), options=mariadb_options))
+    try:
+        yield dict(zip(names, servers, strict=True))
+    finally:
+        for server in servers:
+            server.close()
+
+
 # -- the shop on the clusters ------------------------------------------------------------------
 
 
 @dataclass
 class GrowingShop:
-    """URLs of the control database and of each shop database, by target name."""
+    """URLs of the control database and of each shop database, by target name, and their
+    backend (the shard map's name: ``postgresql`` or ``mariadb``)."""
 
     control_url: str
     urls: dict[str, str]
+    backend: str = "postgresql"
 
     def engines(self) -> dict[str, Engine]:
         return {name: create_engine(url, pool_pre_ping=True) for name, url in self.urls.items()}
 
 
-def prepare_shop(clusters: Mapping[str, ThrowawayPostgres], serving: Sequence[str]
-                 ) -> GrowingShop:
-    """A ``control`` database on the first cluster (worker tables, shard map serving from
-    ``serving``, every cluster registered) and a ``shop`` database with the shop's tables on
-    each cluster."""
+def prepare_shop(clusters: Mapping[str, Server], serving: Sequence[str],
+                 backend: str = "postgresql") -> GrowingShop:
+    """A ``control`` database on the first server (worker tables, shard map serving from
+    ``serving``, every server registered as a target of ``backend``) and a ``shop`` database
+    with the shop's tables on each server."""
     from snowflake_db.sharding.shard_map import add_target, create_shard_map_tables, init_shard_map
     from snowflake_db.worker import worker_tables
 
@@ -111,11 +152,11 @@ def prepare_shop(clusters: Mapping[str, ThrowawayPostgres], serving: Sequence[st
     control = create_engine(control_url)
     worker_tables(MetaData()).slots.metadata.create_all(control)
     create_shard_map_tables(control)
-    init_shard_map(control, layout=SHOP_LAYOUT, assignment=list(serving), backend="postgresql")
+    init_shard_map(control, layout=SHOP_LAYOUT, assignment=list(serving), backend=backend)
     for name in clusters:
-        add_target(control, name, backend="postgresql")
+        add_target(control, name, backend=backend)
     control.dispose()
-    return GrowingShop(control_url, urls)
+    return GrowingShop(control_url, urls, backend)
 
 
 @contextmanager
@@ -164,6 +205,58 @@ class Write:
     latency: float
     total_cents: int
     items: int
+    #: times the write ran again after its transaction was a deadlock's victim
+    deadlocks: int = 0
+
+
+#: A deadlock victim's error: MariaDB's ``ER_LOCK_DEADLOCK`` (as every MySQL driver reports it,
+#: ``args[0]``) and PostgreSQL's SQLSTATE.
+DEADLOCK_ERRNO, DEADLOCK_SQLSTATE = 1213, "40P01"
+#: How many times an order process runs one write whose transaction was a deadlock's victim,
+#: and the pause before the second run (doubling, up to half a second: while a move's
+#: ``CREATE TRIGGER`` waits, at most ``lock_timeout_ms`` per attempt, a run at once deadlocks
+#: again).
+DEADLOCK_ATTEMPTS, DEADLOCK_PAUSE_S = 10, 0.02
+
+
+def deadlock_victim(error: BaseException) -> bool:
+    """Whether ``error`` (however SQLAlchemy wrapped it) says the transaction was chosen as a
+    deadlock's victim, and so rolled back whole.
+
+    On MariaDB a move's ``CREATE TRIGGER`` and ``DROP TRIGGER`` (capture, cleanup) wait for the
+    table's exclusive metadata lock; a transaction that read the table and then writes it asks
+    for a stronger lock behind that request, and MariaDB's metadata-lock deadlock detector
+    always picks the data change, not the DDL, as the victim (error 1213 at once). Any InnoDB
+    application retries deadlocks; so do the order processes.
+    """
+    pending: list[BaseException] = [error]
+    while pending:
+        current = pending.pop()
+        args = getattr(current, "args", ())
+        if (args and args[0] == DEADLOCK_ERRNO) or getattr(
+                current, "sqlstate", None) == DEADLOCK_SQLSTATE:
+            return True
+        pending.extend(inner for name in ("orig", "__cause__")
+                       if isinstance(inner := getattr(current, name, None), BaseException))
+    return False
+
+
+def run_write(factory: Any, work: Callable[[Any], Any], router: Any) -> tuple[Any, int]:
+    """``run_transaction(factory, work, router=router)`` (which retries the fence's refusals),
+    run again after a pause when it was a deadlock's victim (:func:`deadlock_victim`), at most
+    :data:`DEADLOCK_ATTEMPTS` times: its result and how many deadlocks it took."""
+    from snowflake_db.sqlalchemy.sharding import run_transaction
+
+    pause = DEADLOCK_PAUSE_S
+    for deadlocks in range(DEADLOCK_ATTEMPTS):
+        try:
+            return run_transaction(factory, work, router=router), deadlocks
+        except Exception as error:
+            if not deadlock_victim(error) or deadlocks + 1 == DEADLOCK_ATTEMPTS:
+                raise
+        time.sleep(pause)
+        pause = min(2 * pause, 0.5)
+    raise AssertionError("unreachable")
 
 
 def order_process(shop: GrowingShop, customers: list[int], seed: int, stop: Any,
@@ -172,15 +265,13 @@ def order_process(shop: GrowingShop, customers: list[int], seed: int, stop: Any,
                   ) -> None:
     """Place orders (one or two items) for random customers and update some of its own, until
     ``stop`` is set (or ``max_seconds``); every write through ``run_transaction``, so a write
-    the fence refused is retried on the shard's new server. Puts its list of :class:`Write`
-    on ``results``.
+    the fence refused is retried on the shard's new server, and run again if it was a
+    deadlock's victim (:func:`run_write`). Puts its list of :class:`Write` on ``results``.
 
     Writes follow each other after ``think_s``, as fast as the servers answer; while ``pace``
     (a shared ``Value('d')``) holds a positive rate, they start on a schedule of that many per
     second instead, as a shop's orders arrive: a write the servers held up is late, and a
     schedule more than 0.1 s behind is not caught up (the writes it missed are not made)."""
-    from snowflake_db.sqlalchemy.sharding import run_transaction
-
     from .sqlalchemy_shop import Order, OrderItem
     from .workers import configure_worker
 
@@ -210,7 +301,7 @@ def order_process(shop: GrowingShop, customers: list[int], seed: int, stop: Any,
                         order.total_cents = total
                         return 0
 
-                    run_transaction(factory, update, router=router)
+                    _, deadlocks = run_write(factory, update, router)
                     op, items = "update", 0
                 else:
                     customer = rng.choice(customers)
@@ -225,12 +316,12 @@ def order_process(shop: GrowingShop, customers: list[int], seed: int, stop: Any,
                         session.flush()
                         return order.id
 
-                    order_id = run_transaction(factory, place, router=router)
+                    order_id, deadlocks = run_write(factory, place, router)
                     mine.append(order_id)
                     op = "place"
                 latency = time.perf_counter() - clock
                 writes.append(Write(op, order_id, order_id & SHOP_LAYOUT.max_shard, started,
-                                    latency, total, items))
+                                    latency, total, items, deadlocks))
                 if acknowledged is not None:
                     with acknowledged.get_lock():
                         acknowledged.value += 1
@@ -451,12 +542,28 @@ def check_grown_shop(shop: GrowingShop, writes: Sequence[Write], moved: Mapping[
 # -- the mode ----------------------------------------------------------------------------------
 
 
+def describe_writes(writes: Sequence[Write]) -> str:
+    """What the order processes acknowledged, and how many writes were deadlock victims."""
+    placed = sum(1 for w in writes if w.op == "place")
+    line = (f"{plural(placed, 'order')} placed and {plural(len(writes) - placed, 'update')} "
+            f"acknowledged during the growth")
+    deadlocked = [w.deadlocks for w in writes if w.deadlocks]
+    if deadlocked:
+        line += (f"\n{plural(len(deadlocked), 'write')} ran again after a deadlock, "
+                 f"{max(deadlocked)} time(s) at most (on MariaDB: a move's CREATE or DROP TRIGGER "
+                 f"waited for a moved table's metadata lock)")
+    return line
+
+
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m example_project --grow",
-        description="Grow the shop from two PostgreSQL servers to four while orders keep "
-                    "coming: half of the logical shards move online.",
+        description="Grow the shop from two PostgreSQL (or MariaDB) servers to four while "
+                    "orders keep coming: half of the logical shards move online.",
     )
+    parser.add_argument("--backend", choices=BACKENDS, default="postgresql",
+                        help="the servers' database: throwaway PostgreSQL clusters (default) "
+                             "or throwaway mariadbd servers")
     parser.add_argument("--processes", type=int, default=3,
                         help="order processes placing and updating orders (default 3)")
     parser.add_argument("--customers", type=int, default=64,
@@ -474,20 +581,22 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    serving, new = ["pg_a", "pg_b"], ["pg_c", "pg_d"]
+    serving, new = SERVER_NAMES[args.backend]
+    kind = SERVER_KIND[args.backend]
     started = time.perf_counter()
     try:
-        clusters_cm = logical_clusters([*serving, *new])
+        clusters_cm = throwaway_servers([*serving, *new], args.backend)
         clusters = clusters_cm.__enter__()
     except ServerUnavailableError as error:
-        print(f"error: the grow mode needs PostgreSQL binaries: {error}", file=sys.stderr)
+        print(f"error: the grow mode on {args.backend} needs its server binaries: {error}",
+              file=sys.stderr)
         return 2
     processes: OrderProcesses | None = None
     closing: list[Callable[[], object]] = []
     try:
         ports = ", ".join(f"{n} :{c.port}" for n, c in clusters.items())
-        print(f"started four throwaway PostgreSQL clusters (wal_level = logical): {ports}")
-        shop = prepare_shop(clusters, serving)
+        print(f"started four throwaway {kind}: {ports}")
+        shop = prepare_shop(clusters, serving, args.backend)
         from .workers import configure_worker
 
         configure_worker(shop.control_url)  # this process's IDs: a lease, as the others
@@ -516,9 +625,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         processes = None
         for problem in [*errors, *problems]:
             print(f"error: {problem}", file=sys.stderr)
-        placed = sum(1 for w in writes if w.op == "place")
-        print(f"{plural(placed, 'order')} placed and {plural(len(writes) - placed, 'update')} "
-              f"acknowledged during the growth")
+        print(describe_writes(writes))
         checks = check_grown_shop(shop, writes, moved)
         checks.check(not errors and not problems, "every move and order process finished")
         print(f"done in {time.perf_counter() - started:.1f} s")

@@ -16,7 +16,7 @@ touched.
   MariaDB's Spider engine loaded from :func:`find_spider_plugin`, :func:`spider_servers` a Spider
   front and its backend servers (``tests/sharding/fetch_spider_plugin.sh`` unpacks the plugin into
   ``.venv/spider``; installing ``mariadb-plugin-spider`` system-wide would reconfigure the shared
-  server).
+  server). :func:`mariadb_unavailable` says why they cannot run.
 
 Missing binaries raise :class:`ServerUnavailableError` with the reason; the caller decides
 whether that skips (tests), fails (tests under ``CI=true``) or stops with a message (demo).
@@ -257,19 +257,32 @@ def find_spider_plugin() -> Path:
     return path
 
 
+def mariadb_unavailable() -> str | None:
+    """Why throwaway MariaDB servers cannot run here, or ``None``."""
+    missing = [p for p in ("mariadbd", "mariadb-install-db") if not shutil.which(p)]
+    if missing:
+        return (f"{' and '.join(missing)} not found on PATH: both are needed to start a "
+                "throwaway MariaDB server")
+    return None
+
+
 class ThrowawayMariaDB:
-    """A private mariadbd: own datadir, tmpdir, port and socket; stopped by its PID."""
+    """A private mariadbd: own datadir, tmpdir, port and socket; stopped by its PID.
+
+    ``options`` are more ``mariadbd`` options, after the defaults (a later option wins: e.g.
+    ``--innodb-buffer-pool-size=256M`` for a benchmark's rows).
+    """
 
     host = "127.0.0.1"
     user = "root"
 
     def __init__(self, *, plugin_dir: Path | None = None, name: str = "mariadb",
-                 template: Path | None = None) -> None:
-        if not shutil.which("mariadbd") or not shutil.which("mariadb-install-db"):
-            raise ServerUnavailableError(
-                "mariadbd and mariadb-install-db are needed to start a throwaway MariaDB server"
-            )
+                 template: Path | None = None, options: Sequence[str] = ()) -> None:
+        problem = mariadb_unavailable()
+        if problem:
+            raise ServerUnavailableError(problem)
         self.plugin_dir = plugin_dir
+        self.options = list(options)
         self.directory = Path(tempfile.mkdtemp(prefix=f"sfdb-{name}-"))
         self.data, self.tmp = self.directory / "data", self.directory / "tmp"
         self.log = self.directory / "server.log"
@@ -327,7 +340,7 @@ class ThrowawayMariaDB:
                 ["mariadbd", "--no-defaults", f"--datadir={self.data}", f"--tmpdir={self.tmp}",
                  f"--port={self.port}", "--bind-address=127.0.0.1",
                  f"--socket={self.directory / 'mysqld.sock'}", *plugin, "--skip-log-bin",
-                 "--innodb-buffer-pool-size=32M", *self._user],
+                 "--innodb-buffer-pool-size=32M", *self._user, *self.options],
                 stdout=log, stderr=subprocess.STDOUT, env=self._environment,
             )
 
@@ -359,6 +372,19 @@ class ThrowawayMariaDB:
         return pymysql.connect(host=self.host, port=self.port, user=self.user,
                                database=database, autocommit=True, connect_timeout=2, **options)
 
+    def execute(self, *statements: str, database: str | None = None) -> None:
+        """Run statements in autocommit mode (``CREATE DATABASE`` and the like)."""
+        connection = self.connect(database)
+        try:
+            with connection.cursor() as cursor:
+                for statement in statements:
+                    cursor.execute(statement)
+        finally:
+            connection.close()
+
+    def create_database(self, name: str) -> None:
+        self.execute(f"CREATE DATABASE `{name}`")
+
     def stop(self) -> None:
         """SIGTERM to the server's PID (a clean shutdown), SIGKILL if it outlasts the bound."""
         if self.process is not None and self.process.poll() is None:
@@ -382,20 +408,22 @@ class ThrowawayMariaDB:
 
 
 def mariadb_servers(count: int, *, names: list[str] | None = None,
-                    plugin_dir: Path | None = None) -> list[ThrowawayMariaDB]:
-    """Start ``count`` throwaway mariadbd servers at once, all running.
+                    plugin_dir: Path | None = None, options: Sequence[str] = ()
+                    ) -> list[ThrowawayMariaDB]:
+    """Start ``count`` throwaway mariadbd servers at once, all running (``options``: more
+    ``mariadbd`` options for each).
 
     One ``mariadb-install-db``; the others copy its (never started) datadir, and all start in
-    parallel. The caller closes each (or use :func:`running_mariadb_servers`).
+    parallel. The caller closes each.
     """
     names = names or [f"mariadb{i}" for i in range(count)]
     servers: list[ThrowawayMariaDB] = []
     try:
-        first = ThrowawayMariaDB(plugin_dir=plugin_dir, name=names[0])
+        first = ThrowawayMariaDB(plugin_dir=plugin_dir, name=names[0], options=options)
         servers.append(first)
         for name in names[1:count]:
             servers.append(ThrowawayMariaDB(plugin_dir=plugin_dir, name=name,
-                                            template=first.data))
+                                            template=first.data, options=options))
         for server in servers:
             server.launch()
         for server in servers:

@@ -12,7 +12,8 @@ set up by ``tests/plugins/readme.py``). Here:
 * ``export NAME=URL`` sets a variable for the block's later commands (``$NAME``); the URL must be
   a placeholder this test stands in for: the control database above, or the shard-move
   examples' control database and two servers (``SHARD_SERVER_URLS``), which are throwaway
-  PostgreSQL clusters with ``wal_level = logical``, started only when a block exports them.
+  PostgreSQL clusters with ``wal_level = logical`` or throwaway ``mariadbd`` servers (the
+  source with a row-based binary log), started only when a block exports them.
 * Other commands are checked: make targets exist, extras and the wheel name match
   ``pyproject.toml``, the options given to gunicorn, uvicorn and Celery are in their ``--help``,
   Django management sub-commands exist, environment variables are the library's.
@@ -59,15 +60,20 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 #: Variables a README command may set: the library's, and the examples' own.
 KNOWN_VARIABLES = {
     WORKER_URL_ENV, WORKER_ID_ENV, "DATABASE_URL", "CONTROL_URL", "SNOWFLAKE_DB_PUBLIC_ID_KEYS",
-    "PG_A", "PG_B",
+    "PG_A", "PG_B", "MARIA_A", "MARIA_B",
 }
 #: The shard-move examples' control database and servers (docs/sharding/growing.md), and the
-#: database each stands for: ``control`` (with the worker table), and ``shop`` on two throwaway
-#: clusters (``wal_level = logical``) with the tables ``orders`` and ``order_items``.
+#: fixture and database each stands for: ``control`` (with the worker table), and ``shop`` on two
+#: throwaway servers with the tables ``orders`` and ``order_items``: PostgreSQL clusters
+#: (``wal_level = logical``, :func:`shard_servers`) or mariadbd servers
+#: (:func:`mariadb_shard_servers`).
 SHARD_SERVER_URLS = {
-    "postgresql+psycopg://app@ctl/control": "control",
-    "postgresql+psycopg://app@pg-a/shop": "pg_a",
-    "postgresql+psycopg://app@pg-b/shop": "pg_b",
+    "postgresql+psycopg://app@ctl/control": ("shard_servers", "control"),
+    "postgresql+psycopg://app@pg-a/shop": ("shard_servers", "pg_a"),
+    "postgresql+psycopg://app@pg-b/shop": ("shard_servers", "pg_b"),
+    "mysql+pymysql://app@ctl/control": ("mariadb_shard_servers", "control"),
+    "mysql+pymysql://app@maria-a/shop": ("mariadb_shard_servers", "maria_a"),
+    "mysql+pymysql://app@maria-b/shop": ("mariadb_shard_servers", "maria_b"),
 }
 #: Commands whose output changes from run to run: compare after digits are normalised.
 VARYING = ("generate", "bench", "workers", "doctor", "--version", "layout", "public")
@@ -261,6 +267,29 @@ def shard_servers() -> Iterator[dict[str, str]]:
                "pg_b": clusters.target.url("shop")}
 
 
+@pytest.fixture(scope="module")
+def mariadb_shard_servers() -> Iterator[dict[str, str]]:
+    """The MariaDB shard-move example's databases by ``SHARD_SERVER_URLS`` name: ``shop`` on a
+    source (row-based binary log, as production sources run) and a target mariadbd
+    (``tests/plugins/shard_moves_mariadb.py``: one install, stopped by PID at the end) with the
+    same tables, rows only on the source, and a control database with the worker table on the
+    source."""
+    from snowflake_db.worker import TableWorkerAllocator
+
+    from ..plugins.shard_moves_mariadb import DDL, LOAD, start_servers
+
+    with start_servers() as servers:
+        for server in (servers.source, servers.target):
+            server.create_database("shop")
+            server.execute(*DDL, database="shop")
+        servers.source.execute(*LOAD, database="shop")
+        servers.source.create_database("control")
+        with TableWorkerAllocator(servers.source.url("control")) as workers:
+            workers.create_tables()
+        yield {"control": servers.source.url("control"), "maria_a": servers.source.url("shop"),
+               "maria_b": servers.target.url("shop")}
+
+
 def _export(words: list[str], request: pytest.FixtureRequest, where: str) -> dict[str, str]:
     """``export NAME=URL ...``: each URL a placeholder, given as the database it stands for."""
     exported = {}
@@ -270,7 +299,8 @@ def _export(words: list[str], request: pytest.FixtureRequest, where: str) -> dic
         if value == PLACEHOLDER_URL:
             exported[name] = request.getfixturevalue("control_database")
         elif value in SHARD_SERVER_URLS:
-            exported[name] = request.getfixturevalue("shard_servers")[SHARD_SERVER_URLS[value]]
+            fixture, database = SHARD_SERVER_URLS[value]
+            exported[name] = request.getfixturevalue(fixture)[database]
         else:
             pytest.fail(f"{where}: {name}={value!r} is no placeholder this test can stand in for")
     return exported
