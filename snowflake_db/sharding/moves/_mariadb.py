@@ -26,15 +26,16 @@ import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...errors import (
     InvalidArgumentError,
-    InvalidArgumentTypeError,
     MissingExtraError,
+    MoveServerUnreachableError,
     ShardMoveError,
 )
 from ...layout import Layout
+from ._connections import MariaDBConnector, MariaDBEndpoint
 from ._results import (
     Blocker,
     CleanupReport,
@@ -52,13 +53,6 @@ try:
     import pymysql  # type: ignore[import-untyped]
 except ImportError as error:  # pragma: no cover - the mysql extra is missing
     raise MissingExtraError(__name__, package="PyMySQL", extra="mysql") from error
-
-if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
-
-    MariaDBEndpoint = str | Engine | Any
-else:
-    MariaDBEndpoint = object
 
 #: The SQLSTATE of the fence's ``SIGNAL`` (clients that report SQLSTATE see it).
 FENCE_SQLSTATE = "SFM01"
@@ -91,8 +85,6 @@ _EVENT_NAMES = {"i": "INSERT", "u": "UPDATE", "d": "DELETE"}
 #: What a bounded attempt's failure looks like: max_statement_time exceeded, lock wait timeout,
 #: deadlock (InnoDB chose the fencer as the victim).
 _GAVE_UP = frozenset({1969, 1205, 1213})
-#: Client errors of a connection that went away (server gone, lost during a query, refused).
-_LOST = frozenset({2003, 2006, 2013, 2055})
 _MAX_STATEMENT_BYTES = 4 << 20
 _ID_BATCH = 2000
 _DRAIN_BATCHES = 8
@@ -186,180 +178,6 @@ class _Table:
 
     def column_list(self) -> str:
         return ", ".join(_q(c.name) for c in self.copied)
-
-
-class _UnreachableError(ShardMoveError):
-    """A server of the move cannot be reached (cleanup then reports the side as pending)."""
-
-
-class _Connector:
-    """Opens autocommit PyMySQL sessions on one server of a move (``role``: source or target).
-
-    The endpoint is a URL (``mysql+pymysql://user:password@host:port/database``), a SQLAlchemy
-    engine with the PyMySQL driver, or a PyMySQL connection (utf8mb4) the caller keeps.
-    Descriptions never carry a password.
-    """
-
-    def __init__(self, endpoint: MariaDBEndpoint, role: str) -> None:
-        self.role = role
-        self._params: dict[str, Any] | None = None
-        self._engine: Any = None
-        self._connection: Any = None
-        self._held: Any = None
-        if isinstance(endpoint, str):
-            from sqlalchemy.engine import make_url
-            from sqlalchemy.exc import ArgumentError
-
-            try:
-                url = make_url(endpoint)
-            except ArgumentError as error:
-                raise InvalidArgumentError(
-                    f"the {role} is not a URL such as mysql+pymysql://user@host:3306/shop"
-                ) from error
-            if url.get_backend_name() not in ("mysql", "mariadb"):
-                raise InvalidArgumentError(
-                    f"the {role} URL is a {url.get_backend_name()} URL; a MariaDB move needs "
-                    "mysql+pymysql:// or mariadb+pymysql://")
-            self._params = {"host": url.host or "localhost", "port": url.port or 3306,
-                            "user": url.username or "", "password": url.password or "",
-                            "database": url.database or None}
-            socket = url.query.get("unix_socket")
-            if isinstance(socket, str):
-                self._params["unix_socket"] = socket
-            self.description = f"{url.host or 'localhost'}:{url.port or 3306}/{url.database or ''}"
-        elif isinstance(endpoint, pymysql.connections.Connection):
-            if endpoint.charset != "utf8mb4":
-                raise InvalidArgumentError(
-                    f"the {role} connection uses charset {endpoint.charset!r}; a move reads and "
-                    "writes rows as utf8mb4: connect with charset='utf8mb4'")
-            self._connection = endpoint
-            self.description = f"{endpoint.host}:{endpoint.port}/{_text(endpoint.db)}"
-        elif hasattr(endpoint, "raw_connection") and hasattr(endpoint, "url"):
-            driver = endpoint.url.get_driver_name()
-            if driver != "pymysql":
-                raise InvalidArgumentTypeError(
-                    f"the {role} engine uses the {driver!r} driver; a MariaDB move needs PyMySQL "
-                    "(a mysql+pymysql:// URL)")
-            self._engine = endpoint
-            url = endpoint.url
-            self.description = f"{url.host}:{url.port or 3306}/{url.database}"
-        else:
-            raise InvalidArgumentTypeError(
-                f"the {role} must be a URL, a SQLAlchemy Engine or a PyMySQL connection, not "
-                f"{type(endpoint).__name__}")
-
-    def connect_params(self) -> dict[str, Any] | None:
-        """What opens one more session of the same account (the fence's watcher), if known."""
-        if self._params is not None:
-            return dict(self._params)
-        if self._connection is not None:
-            c = self._connection
-            return {"host": c.host, "port": c.port, "user": _text(c.user),
-                    "password": c.password, "database": _text(c.db) or None,
-                    "unix_socket": c.unix_socket}
-        return None
-
-    def extra(self) -> Any:
-        """One more session (raises :class:`ShardMoveError` when none can be opened)."""
-        params = self.connect_params()
-        if params is not None:
-            return self._open(params)
-        raw = self._engine.raw_connection()
-        connection = raw.driver_connection
-        connection.autocommit(True)
-        raw.detach()  # closed by the caller, never returned to the pool with our settings
-        return connection
-
-    def _open(self, params: dict[str, Any]) -> Any:
-        try:
-            return pymysql.connect(**params, autocommit=True, charset="utf8mb4",
-                                   connect_timeout=10)
-        except pymysql.MySQLError as error:
-            raise _UnreachableError(
-                f"cannot connect to the {self.role} {self.description}: {_first_line(error)}"
-            ) from error
-
-    @contextmanager
-    def session(self) -> Iterator[Any]:
-        """An autocommit session; inside :meth:`held`, the held one (unless it broke)."""
-        held = self._held
-        if held is not None and held.open:
-            with self._named_if_lost():
-                yield held
-            return
-        if self._connection is not None:
-            self._connection.autocommit(True)
-            with self._named_if_lost():
-                yield self._connection
-            return
-        if self._engine is not None:
-            try:
-                raw = self._engine.raw_connection()
-            except Exception as error:
-                raise _UnreachableError(f"cannot connect to the {self.role} {self.description}: "
-                                   f"{_first_line(error)}") from error
-            connection = raw.driver_connection
-            try:
-                connection.autocommit(True)
-                with self._named_if_lost():
-                    yield connection
-            finally:
-                # Never back to the pool with a session variable of the move's set.
-                raw.invalidate()
-            return
-        assert self._params is not None
-        connection = self._open(self._params)
-        try:
-            with self._named_if_lost():
-                yield connection
-        finally:
-            with suppress(Exception):
-                connection.close()
-
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        """Keep one session open for every :meth:`session` inside this block."""
-        if self._held is not None:
-            yield
-            return
-        opened = self.session()
-        self._held = opened.__enter__()
-        error: BaseException | None = None
-        try:
-            yield
-        except BaseException as raised:
-            error = raised
-            raise
-        finally:
-            self._held = None
-            try:
-                if error is None:
-                    opened.__exit__(None, None, None)
-                else:
-                    opened.__exit__(type(error), error, error.__traceback__)
-            except Exception:
-                if error is None:
-                    raise
-
-    @contextmanager
-    def _named_if_lost(self) -> Iterator[None]:
-        try:
-            yield
-        except pymysql.MySQLError as error:
-            if _errno(error) in _LOST:
-                raise _UnreachableError(f"lost the connection to the {self.role} "
-                                   f"{self.description}: {_first_line(error)}") from error
-            raise
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode()
-    return "" if value is None else str(value)
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _rows(conn: Any, query: str, params: Any = None) -> list[tuple[Any, ...]]:
@@ -473,8 +291,8 @@ class MariaDBMoveBackend:
         self.chunk_rows = chunk_rows
         self.retry_pause_s = retry_pause_s
         self.name = f"sfdb_move_{move_id}"
-        self._source = _Connector(source, "source")
-        self._target = _Connector(target, "target")
+        self._source = MariaDBConnector(source, "source")
+        self._target = MariaDBConnector(target, "target")
         self._resolved: dict[tuple[str, str], _Table] = {}
         self._defaults: dict[str, str] = {}
         self._marked = False
@@ -579,7 +397,7 @@ class MariaDBMoveBackend:
             found.append(table)
         return found
 
-    def _connector(self, side: str) -> _Connector:
+    def _connector(self, side: str) -> MariaDBConnector:
         return self._source if side == "source" else self._target
 
     def _triggers(self, conn: Any, tables: Sequence[_Table], prefix: str) -> list[str]:
@@ -1406,7 +1224,7 @@ END"""
                 with suppress(pymysql.MySQLError):
                     _run(t, "DO RELEASE_LOCK(%s)", (self._lock_name,))
                 self._locked_on = None
-        except _UnreachableError as error:
+        except MoveServerUnreachableError as error:
             report.done.append(f"target skipped: {error}")
         try:
             with self._source.session() as s:
@@ -1418,7 +1236,7 @@ END"""
                     _run(s, f"DROP TABLE IF EXISTS {self._changelog()}")
                     report.done.append(f"dropped {self.changelog_name} on the source")
                 self._marked = False
-        except _UnreachableError as error:
+        except MoveServerUnreachableError as error:
             report.source_pending = True
             report.source_error = str(error)
         return report
