@@ -19,6 +19,8 @@ Every object is named after the move (``sfdb_fence_<m>_<i|u|d>_<table>``,
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import threading
 import time
@@ -101,6 +103,10 @@ _TEXT_TYPES = frozenset({
     "char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set", "json",
 })
 _CASCADING = ("CASCADE", "SET NULL", "SET DEFAULT")
+#: The unique indexes of a table (schema, name) that are one column (the ID) alone.
+_ID_KEYS = """SELECT s.INDEX_NAME FROM information_schema.STATISTICS s
+    WHERE s.TABLE_SCHEMA = %s AND s.TABLE_NAME = %s AND s.NON_UNIQUE = 0
+    GROUP BY s.INDEX_NAME HAVING COUNT(*) = 1 AND MAX(s.COLUMN_NAME) = %s"""
 _TARGET_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,63}$")
 _FENCE_MARK = re.compile(r"SFM01 shard=(\d+) target=(\S+) move=(\d+)")
 
@@ -156,10 +162,16 @@ class _Table:
     schema: str
     name: str
     columns: tuple[_Column, ...]
+    #: the unique index that is the ID column alone (``PRIMARY`` when it is), if any
+    key: str | None = None
 
     @property
     def sql(self) -> str:
         return f"{_q(self.schema)}.{_q(self.name)}"
+
+    def by_keys(self) -> str:
+        """This table joined to a list of IDs (:func:`_by_keys`)."""
+        return _by_keys(self.sql, self.id, self.key)
 
     @property
     def id(self) -> str:
@@ -236,6 +248,30 @@ def _in_list(count: int) -> str:
     return ", ".join(["%s"] * count)
 
 
+def _by_keys(table: str, column: str, key: str | None) -> str:
+    """``table AS t`` joined to the values of one JSON array parameter, each row looked up in
+    the unique index ``key`` on ``column``: what the move's ``UPDATE`` and ``DELETE`` of
+    listed rows name.
+
+    Never ``... WHERE column IN (...)`` for a write: on a small table the optimizer scans the
+    whole table for it (MariaDB 10.11: a hint is ignored by a single-table ``DELETE``), and in
+    REPEATABLE READ a locking scan locks every row it reads. It then waits for any open
+    transaction's uncommitted row there (a changelog row of a write of the shard not committed
+    yet: the apply stood until ``innodb_lock_wait_timeout`` and the step failed; another shard's
+    new order) and holds up the table's writers until it ends. Joined to the list first
+    (``STRAIGHT_JOIN``) through the index (``FORCE INDEX``: without it a table of a few rows
+    is still scanned, measured), only the rows written are locked.
+    """
+    index = f" FORCE INDEX ({_q(key)})" if key else ""
+    return (f"JSON_TABLE(%s, '$[*]' COLUMNS (k BIGINT PATH '$')) AS kl "
+            f"STRAIGHT_JOIN {table} AS t{index} ON t.{column} = kl.k")
+
+
+def _key_list(keys: Sequence[int]) -> str:
+    """The parameter of :func:`_by_keys`: the keys as a JSON array (exact for any BIGINT)."""
+    return json.dumps([int(key) for key in keys])
+
+
 class MariaDBMoveBackend:
     """The steps of move ``move_id`` of logical shard ``shard`` from ``source`` to ``target``,
     two MariaDB 10.6+ servers.
@@ -245,8 +281,9 @@ class MariaDBMoveBackend:
     ``target_name`` is the shard map's name of the target, written into the fence's error.
     List ``tables`` parents first: rows are deleted in the reverse order. ``chunk_rows`` bounds
     the rows one :meth:`advance` copies and the changes it applies; ``lock_timeout_ms`` bounds
-    each attempt to take a lock (a trigger's metadata lock, the fence row), retried
-    ``fence_attempts`` times.
+    each attempt to lock the fence row, retried ``fence_attempts`` times; a trigger statement
+    waits for its table's metadata lock in attempts of whole seconds within the same budget
+    (:attr:`ddl_wait_s`, :attr:`ddl_attempts`).
     """
 
     kind = "mariadb"
@@ -392,7 +429,9 @@ class MariaDBMoveBackend:
                         f"table {moved.name} does not exist {where} "
                         f"{self._connector(side).description} (schema {schema})")
                 continue
-            table = _Table(moved, str(schema), str(name), columns)
+            keys = sorted((str(index) for (index,) in _rows(conn, _ID_KEYS, (
+                schema, name, moved.id_column))), key=lambda index: index != "PRIMARY")
+            table = _Table(moved, str(schema), str(name), columns, keys[0] if keys else None)
             self._resolved[key] = table
             found.append(table)
         return found
@@ -476,11 +515,7 @@ class MariaDBMoveBackend:
                 f"check 'engine': {table.moved.name} {where} uses {engine}; the capture's "
                 "changelog must commit and roll back with each write: ALTER TABLE ... "
                 "ENGINE=InnoDB")
-        keys = _rows(s, """SELECT s.INDEX_NAME FROM information_schema.STATISTICS s
-            WHERE s.TABLE_SCHEMA = %s AND s.TABLE_NAME = %s AND s.NON_UNIQUE = 0
-            GROUP BY s.INDEX_NAME HAVING COUNT(*) = 1 AND MAX(s.COLUMN_NAME) = %s""",
-                     (table.schema, table.name, table.moved.id_column))
-        if not keys:
+        if table.key is None:
             raise ShardMoveError(
                 f"check 'primary key': no primary or unique key of {table.moved.name} {where} is "
                 f"{table.moved.id_column} alone; the move finds, copies and deletes rows by it: "
@@ -567,8 +602,9 @@ class MariaDBMoveBackend:
 
         ``CREATE TRIGGER`` takes the table's exclusive metadata lock, so it waits for every
         transaction that has used the table (readers too) and new statements on the table
-        queue behind it: each attempt is bounded by ``lock_timeout_ms``
-        (``max_statement_time``) and retried. Once a table's triggers exist, every change of
+        queue behind it: each attempt's wait is bounded (:meth:`_bounded_ddl`: the fence's
+        budget in attempts of whole seconds) and retried. Once a table's triggers exist, every
+        change of
         the shard's rows commits with its changelog row; every change committed before is
         visible to the copy, which starts after this step.
         """
@@ -590,11 +626,11 @@ class MariaDBMoveBackend:
                           for name, body in self._trigger_sql(table)
                           if f"{table.name}.{name}" not in present]
             for label, statement in statements:
-                if not self._bounded(s, statement):
+                if not self._bounded_ddl(s, statement):
                     raise FenceBlockedError(
                         f"capture: trigger {label} not created: its table's metadata lock was "
-                        f"not granted in {self.fence_attempts} attempts of "
-                        f"{self.lock_timeout_ms} ms on the source {self._source.description}; "
+                        f"not granted in {self._ddl_budget()} on the source "
+                        f"{self._source.description}; "
                         f"open transactions there (any of them may hold it): "
                         f"{_describe(self._open_transactions(s))}; end them and run capture "
                         "again", blockers=self._open_transactions(s))
@@ -642,20 +678,53 @@ END"""
         return statements
 
     def _bounded(self, conn: Any, statement: str) -> bool:
-        """Run a statement that waits for a lock (a metadata lock for DDL, the fence row),
-        each attempt bounded by ``lock_timeout_ms``; whether it ran within ``fence_attempts``
-        attempts."""
+        """Run a statement that waits for a row lock (the fence row, in a table without
+        triggers), each attempt bounded by ``lock_timeout_ms``; whether it ran within
+        ``fence_attempts`` attempts."""
         bounded = (f"SET STATEMENT max_statement_time = {self.lock_timeout_ms / 1000:.3f} FOR "
                    f"{statement}")
-        for _ in range(self.fence_attempts):
+        return self._attempts(conn, bounded, self.fence_attempts)
+
+    @property
+    def ddl_wait_s(self) -> int:
+        """Seconds one attempt of a trigger statement waits for its table's metadata lock:
+        ``lock_timeout_ms`` in whole seconds (``lock_wait_timeout`` takes no fraction)."""
+        return max(1, math.ceil(self.lock_timeout_ms / 1000))
+
+    @property
+    def ddl_attempts(self) -> int:
+        """Attempts of a trigger statement: the fence's budget (``fence_attempts`` times
+        ``lock_timeout_ms``) in attempts of :attr:`ddl_wait_s`."""
+        return max(1, math.ceil(self.fence_attempts * self.lock_timeout_ms / 1000
+                                / self.ddl_wait_s))
+
+    def _bounded_ddl(self, conn: Any, statement: str) -> bool:
+        """Run ``CREATE`` or ``DROP TRIGGER`` on a moved table, each attempt's wait for the
+        table's metadata lock bounded by :attr:`ddl_wait_s` (``lock_wait_timeout``), up to
+        :attr:`ddl_attempts`; whether it ran.
+
+        Never by ``max_statement_time``: the statement opens the table, which parses every
+        trigger of it, and an interruption during that parse leaves the opened table in the
+        table cache with a trigger marked broken, so that the next statement given it (the
+        application's writes, of any shard) fails with 'Trigger ... has an error in its body'
+        (seen on MariaDB 10.11 under load; reproduced with 1 ms attempts).
+        ``lock_wait_timeout`` ends only the wait for the lock."""
+        bounded = f"SET STATEMENT lock_wait_timeout = {self.ddl_wait_s} FOR {statement}"
+        return self._attempts(conn, bounded, self.ddl_attempts)
+
+    def _attempts(self, conn: Any, statement: str, attempts: int) -> bool:
+        for _ in range(attempts):
             try:
-                _run(conn, bounded)
+                _run(conn, statement)
                 return True
             except pymysql.MySQLError as error:
                 if _errno(error) not in _GAVE_UP:
                     raise
             time.sleep(self.retry_pause_s)  # the statements queued behind the attempt go on
         return False
+
+    def _ddl_budget(self) -> str:
+        return f"{self.ddl_attempts} attempts of {self.ddl_wait_s} s"
 
     def _capture_complete(self, s: Any, tables: Sequence[_Table]) -> bool:
         return (self._table_exists(s, "source", self.changelog_name)
@@ -816,9 +885,8 @@ END"""
                 for name, ids in wanted.items():
                     t_table = self._resolved[("target", name)]
                     for batch in _batches(sorted(ids), _ID_BATCH):
-                        _run(t, f"SET STATEMENT foreign_key_checks = 0 FOR DELETE FROM "
-                                f"{t_table.sql} WHERE {t_table.id} IN ({_in_list(len(batch))})",
-                             tuple(batch))
+                        _run(t, f"SET STATEMENT foreign_key_checks = 0 FOR DELETE t FROM "
+                                f"{t_table.by_keys()}", (_key_list(batch),))
                     self._insert(t, t_table, current[name])
         seqs = [int(seq) for seq, _, _ in pending]
         if not self._marked:
@@ -826,11 +894,11 @@ END"""
                                    f"{_MARK_SEQ} AND applied = {_MARK}") is not None
         for batch in _batches(seqs, _ID_BATCH):
             if self._marked:
-                _run(s, f"UPDATE {self._changelog()} SET applied = {_APPLIED} WHERE seq IN "
-                        f"({_in_list(len(batch))})", tuple(batch))
+                _run(s, f"UPDATE {_by_keys(self._changelog(), 'seq', 'PRIMARY')} SET "
+                        f"t.applied = {_APPLIED}", (_key_list(batch),))
             else:
-                _run(s, f"DELETE FROM {self._changelog()} WHERE seq IN "
-                        f"({_in_list(len(batch))})", tuple(batch))
+                _run(s, f"DELETE t FROM {_by_keys(self._changelog(), 'seq', 'PRIMARY')}",
+                     (_key_list(batch),))
         return len(pending)
 
     def copy_progress(self) -> CopyProgress:
@@ -1050,11 +1118,11 @@ END"""
         schema = {table.name: table.schema for table in tables}
         for label in names:
             table, _, trigger = label.partition(".")
-            if not self._bounded(conn, f"DROP TRIGGER IF EXISTS "
+            if not self._bounded_ddl(conn, f"DROP TRIGGER IF EXISTS "
                                            f"{_q(schema[table])}.{_q(trigger)}"):
                 raise FenceBlockedError(
                     f"{step}: trigger {label} not dropped: its table's metadata lock was not "
-                    f"granted in {self.fence_attempts} attempts of {self.lock_timeout_ms} ms; "
+                    f"granted in {self._ddl_budget()}; "
                     f"open transactions: {_describe(self._open_transactions(conn))}; run "
                     f"{step} again", blockers=self._open_transactions(conn))
 
@@ -1342,8 +1410,8 @@ END"""
                         if not ids:
                             break
                         started = time.monotonic()
-                        total += _run(conn, f"DELETE FROM {table.sql} WHERE {table.id} IN "
-                                            f"({_in_list(len(ids))})", tuple(ids))
+                        total += _run(conn, f"DELETE t FROM {table.by_keys()}",
+                                      (_key_list(ids),))
                         found += len(ids)
                         last = ids[-1]
                         if pause_ratio:
