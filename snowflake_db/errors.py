@@ -219,6 +219,12 @@ class FenceBlockedError(ShardMoveError):
         self.blockers = blockers
 
 
+class MoveServerUnreachableError(ShardMoveError):
+    """A server of a move did not answer: a connection was refused, or lost during a step (a
+    restart, a network fault). The message names the server (never its password); the step
+    can run again once it answers."""
+
+
 class VerificationMismatchError(ShardMoveError):
     """The shard's rows differ between a move's source and target; ``verification`` holds
     both sides' results (a :class:`~snowflake_db.sharding.moves.Verification`)."""

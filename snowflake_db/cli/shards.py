@@ -172,9 +172,12 @@ def init(control: Any, targets: Mapping[str, Any], *, layout: Layout | None,
     """Create the tables, place the shards on ``assign`` (default: every target) the first
     time, register every target. ``layout`` ``None``: the existing map's, or the default
     layout for a new map."""
+    from sqlalchemy.engine import make_url
+
     from ..layout import Layout
     from ..sharding.shard_map import (
         add_target,
+        backend_of,
         control_engine,
         create_shard_map_tables,
         existing_layout,
@@ -187,7 +190,7 @@ def init(control: Any, targets: Mapping[str, Any], *, layout: Layout | None,
     if unknown:
         raise CommandError(f"--assign {unknown[0]} is not one of the --target names "
                            f"({', '.join(targets)})")
-    backends = {name: _backend_of(url) for name, url in targets.items()}
+    backends = {name: backend_of(make_url(url)) for name, url in targets.items()}
     engine, created = control_engine(control)
     try:
         create_shard_map_tables(engine, schema=schema)
@@ -202,11 +205,6 @@ def init(control: Any, targets: Mapping[str, Any], *, layout: Layout | None,
     finally:
         if created:
             engine.dispose()
-
-
-def _backend_of(url: Any) -> str:
-    name = str(getattr(url, "get_backend_name", lambda: "postgresql")())
-    return {"postgres": "postgresql", "mysql": "mariadb"}.get(name, name)
 
 
 def show(control: Any, *, schema: str | None, move_id: int | None, as_json: bool,

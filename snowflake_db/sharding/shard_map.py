@@ -87,6 +87,7 @@ __all__ = [
     "ShardMapRow",
     "ShardMapTables",
     "add_target",
+    "backend_of",
     "barrier_passed",
     "barrier_waiting",
     "control_engine",
@@ -115,6 +116,17 @@ TABLE_NAMES = (TARGETS_TABLE, VERSION_TABLE, MAP_TABLE, MOVES_TABLE, MOVE_STEPS_
 TARGET_NAME_LENGTH = 100
 #: Backends a target may run. ``sqlite`` serves tests and single-file setups; no mover moves it.
 BACKENDS = ("postgresql", "mariadb", "sqlite")
+#: SQLAlchemy backend names that the map spells otherwise (MySQL URLs reach MariaDB servers).
+_BACKEND_NAMES = {"postgres": "postgresql", "mysql": "mariadb"}
+
+
+def backend_of(url: URL) -> str:
+    """The map's backend name (:data:`BACKENDS`) of the server a SQLAlchemy URL names: the
+    name a target is registered with, and what a move's URLs are checked against."""
+    name = url.get_backend_name()
+    return _BACKEND_NAMES.get(name, name)
+
+
 #: What routers see of a logical shard: ``serving`` and ``moving`` route to ``target``;
 #: ``cutover`` (the fence is up) still routes reads to ``target``, the source, while writes
 #: fail with :class:`~snowflake_db.errors.ShardMovedError` until the flip.

@@ -436,6 +436,93 @@ def test_fence_reports_its_blocker_then_terminates_it(pair: Pair) -> None:
     pair.assert_nothing_left()
 
 
+def test_open_transactions_hold_up_neither_the_apply_nor_the_deletes(pair: Pair) -> None:
+    """A transaction left open with an uncommitted row (of the moving shard: its changelog
+    row is uncommitted too; of another shard) must not hold up the move's writes of listed
+    rows: those are looked up by key, never a locking scan of a small table, which waits for
+    every uncommitted row it meets (the apply of committed changes stood so until the lock
+    wait timeout, measured). Lock waits end after 1 s here (the servers' global
+    ``innodb_lock_wait_timeout``, which the backend's new sessions take): a wait fails the
+    step with error 1205."""
+    shard = 5
+    backend = pair.backend(shard=shard)
+    run_steps(backend, stop_after="synced")
+    ids = sorted(pair.rows("source", "orders", shard))
+    open_ids = ((9990 << 4) | shard, (9991 << 4) | 6)
+    insert = "INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 1, 1)"
+    for which in ("source", "target"):
+        pair.execute(which, "SET GLOBAL innodb_lock_wait_timeout = 1")
+    holders = {which: pair.connect(which, autocommit=False) for which in ("source", "target")}
+    try:
+        with holders["source"].cursor() as cursor:
+            for oid in open_ids:
+                cursor.execute(insert, (oid,))
+        changed = ids[:10]  # most of the changelog's rows: a scan is the cheaper plan
+        for status in ("first", "second"):  # changes consumed by deletes from the changelog,
+            pair.execute("source", f"UPDATE orders SET status = '{status}' WHERE id IN "
+                                   f"({', '.join(map(str, changed))})")  # then by updates
+            backend.advance()
+            assert backend.backlog() == 0
+            on_target = pair.rows("target", "orders", shard)
+            assert {on_target[oid][2] for oid in changed} == {status}
+            if status == "first":
+                backend.verify_before_fence(timeout_s=STEP_TIMEOUT_S)
+        holders["source"].rollback()  # the fence waits for a writer of the shard
+        run_steps(backend, start_at="fence")  # fence, drain, verify, cleanup
+        # Each side's rows of the shard deleted past another shard's open insert there.
+        for holder in holders.values():
+            with holder.cursor() as cursor:
+                cursor.execute(insert, (open_ids[1],))
+        loaded = len(ids) + len(pair.rows("source", "order_items", shard))
+        assert backend.delete_source_rows(batch_size=7, pause_ratio=0.0) == loaded
+        assert backend.delete_target_rows(batch_size=7, pause_ratio=0.0) == loaded
+        holders["source"].rollback()  # dropping the fence's triggers waits for it
+        backend.unfence()
+    finally:
+        for which, holder in holders.items():
+            holder.rollback()
+            holder.close()
+            pair.execute(which, "SET GLOBAL innodb_lock_wait_timeout = 50")
+    assert pair.rows("source", "orders", shard) == {} == pair.rows("target", "orders", shard)
+    assert backend.leftovers() == Leftovers()
+    pair.assert_nothing_left()
+
+
+def test_trigger_statements_of_1_ms_attempts_never_leave_a_trigger_half_parsed(
+    pair: Pair,
+) -> None:
+    """MariaDB parses a table's triggers when a statement opens the table. A statement that
+    ``max_statement_time`` interrupts during that parse leaves the opened table in the table
+    cache with a trigger marked broken: the next statement given it, any session's, fails
+    with 'Trigger ... has an error in its body' (seen under load: a capture failed so, and
+    so would the application's writes of every shard). The move's trigger statements bound
+    only their wait for the metadata lock (``lock_wait_timeout``), so even with attempts of
+    1 ms, on a table whose 40 triggers take longer than that to parse, every write passes."""
+    body = ("BEGIN DECLARE v INT DEFAULT 0; IF (NEW.id & 15) = {n} + 16 AND "
+            "NOT (@nobody <=> {n}) THEN SELECT COUNT(*) INTO v FROM orders WHERE id = NEW.id "
+            "LOCK IN SHARE MODE; IF v THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = "
+            "'never'; END IF; END IF; END")
+    pair.execute("source", *(f"CREATE TRIGGER app_{n} BEFORE INSERT ON orders FOR EACH ROW "
+                             + body.format(n=n) for n in range(40)))
+    backend = pair.backend(shard=5, lock_timeout_ms=1, fence_attempts=20)
+    writer = pair.connect("source")
+    try:
+        for round_ in range(2):
+            backend.capture()
+            backend.cleanup()
+            backend.unfence()
+            with writer.cursor() as cursor:  # a table from the cache: no broken trigger
+                cursor.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES "
+                               "(%s, 1, 1)", ((9900 + round_) << 4 | 6,))
+                cursor.execute("UPDATE orders SET status = 'passed' WHERE id = %s",
+                               ((9900 + round_) << 4 | 6,))
+    finally:
+        writer.close()
+    assert backend.leftovers() == Leftovers()
+    pair.execute("source", *(f"DROP TRIGGER app_{n}" for n in range(40)))
+    pair.assert_nothing_left()
+
+
 # -- crashes and cleanup -----------------------------------------------------------------------
 
 COPIER = textwrap.dedent("""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import (
     FenceBlockedError,
     MoverLeaseLostError,
+    MoveServerUnreachableError,
     MoveStoppedError,
     StaticWorkersUnconfirmedError,
     VerificationMismatchError,
@@ -93,6 +94,7 @@ __all__ = [
     "MovePlan",
     "MoveProgress",
     "MoveRecord",
+    "MoveServerUnreachableError",
     "MoveStatus",
     "MoveStoppedError",
     "MovedTable",

@@ -4,24 +4,26 @@ A move step takes, on PostgreSQL (psycopg 3, the ``postgres`` extra), a libpq co
 string or URI, a SQLAlchemy ``Engine`` (psycopg driver) or an open psycopg connection
 (:class:`Connector`); on MariaDB (PyMySQL, the ``mysql`` extra) a SQLAlchemy URL (string or
 ``URL``), an ``Engine`` (pymysql driver) or an open PyMySQL connection
-(:class:`MariaDBConnector`). Each step opens a session, runs in autocommit mode (its
-transactions are explicit) and gives the connection back; a connect waits at most
-:data:`CONNECT_TIMEOUT_S`; descriptions never carry a password. Each driver is imported when a
-connector of its backend is made, so a move needs only its own backend's extra.
+(:class:`MariaDBConnector`, the one MariaDB connector: both the MariaDB backend and the mover
+use it). Each step opens a session, runs in autocommit mode (its transactions are explicit)
+and gives the connection back; a connect waits at most :data:`CONNECT_TIMEOUT_S`; a server
+that does not answer is a :class:`~snowflake_db.errors.MoveServerUnreachableError` naming it;
+descriptions never carry a password. Each driver is imported when a connector of its backend
+is made, so a move needs only its own backend's extra.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ...errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     MissingExtraError,
-    ShardMoveError,
+    MoveServerUnreachableError,
 )
 
 if TYPE_CHECKING:
@@ -30,8 +32,10 @@ if TYPE_CHECKING:
 
     #: What a move step connects with (see the module's docstring).
     Endpoint = str | URL | Engine | psycopg.Connection[Any]
+    #: The same on MariaDB (a PyMySQL connection: PyMySQL is untyped).
+    MariaDBEndpoint = str | URL | Engine | Any
 else:
-    Endpoint = object
+    Endpoint = MariaDBEndpoint = object
 
 #: Seconds the mover waits for a connection to a server that does not answer.
 CONNECT_TIMEOUT_S = 10
@@ -77,9 +81,10 @@ class _Sessions(Generic[_C]):
         self._held: _C | None = None
 
     def session(self) -> AbstractContextManager[_C]:
-        """An autocommit session; a failure to connect is a :class:`ShardMoveError` naming
-        the server (host, port, database: no password). Inside :meth:`held`, the held
-        session (unless it broke: then a new one)."""
+        """An autocommit session; a failure to connect, or a connection lost inside the block,
+        is a :class:`~snowflake_db.errors.MoveServerUnreachableError` naming the server (host,
+        port, database: no password). Inside :meth:`held`, the held session (unless it broke:
+        then a new one)."""
         return self._session()
 
     @contextmanager
@@ -122,12 +127,12 @@ class _Sessions(Generic[_C]):
                 if error is None and self._alive(connection):
                     raise
 
-    def _cannot_connect(self, error: BaseException) -> ShardMoveError:
-        return ShardMoveError(
+    def _cannot_connect(self, error: BaseException) -> MoveServerUnreachableError:
+        return MoveServerUnreachableError(
             f"cannot connect to the {self.role} {self.description}: {_first_line(error)}")
 
-    def _lost(self, error: BaseException) -> ShardMoveError:
-        return ShardMoveError(
+    def _lost(self, error: BaseException) -> MoveServerUnreachableError:
+        return MoveServerUnreachableError(
             f"lost the connection to the {self.role} {self.description}: {_first_line(error)}")
 
     # -- each driver's ---------------------------------------------------------------------
@@ -233,18 +238,26 @@ class Connector(_Sessions["psycopg.Connection[Any]"]):
             raw.close()
 
 
-#: MySQL client errors of a connection that went away (server gone, lost during a query,
-#: a packet out of order after a restart).
-_MYSQL_LOST = frozenset({2006, 2013, 2055})
+#: Server errors that end the session they arrive on (shutdown in progress, connection killed):
+#: PyMySQL still holds the socket, the session is gone.
+_MYSQL_SESSION_ENDED = frozenset({1053, 1927})
+#: The character set of every session of a MariaDB move: rows travel as the server's utf8mb4
+#: literals, and the checksums hash them so.
+MARIADB_CHARSET = "utf8mb4"
 
 
 class MariaDBConnector(_Sessions[Any]):
-    """Opens autocommit PyMySQL sessions on one MariaDB server of a move (``role``: source or
-    target). ``endpoint`` is a SQLAlchemy URL (``mysql+pymysql://`` or ``mariadb://``; its
-    query may add PyMySQL's connect arguments, such as ``unix_socket`` or ``charset``), an
-    ``Engine`` of the pymysql driver or a PyMySQL connection."""
+    """Opens autocommit PyMySQL sessions (utf8mb4) on one MariaDB server of a move (``role``:
+    source or target). ``endpoint`` is a SQLAlchemy URL (``mysql+pymysql://`` or
+    ``mariadb://``; its query may add PyMySQL's connect arguments, such as ``unix_socket``), an
+    ``Engine`` of the pymysql driver or a PyMySQL connection the caller keeps.
 
-    def __init__(self, endpoint: Endpoint, role: str) -> None:
+    A session taken from an engine's pool is closed after use, never given back: a move's
+    session holds the move's lock on the target and its session variables, which the next
+    user of a pooled connection must not inherit.
+    """
+
+    def __init__(self, endpoint: MariaDBEndpoint, role: str) -> None:
         super().__init__()
         pymysql = _pymysql()
         from sqlalchemy.engine import URL, Engine, make_url
@@ -254,6 +267,10 @@ class MariaDBConnector(_Sessions[Any]):
         self._engine: Any = None
         self._connection: Any = None
         if isinstance(endpoint, pymysql.connections.Connection):
+            if endpoint.charset != MARIADB_CHARSET:
+                raise InvalidArgumentError(
+                    f"the {role} connection uses charset {endpoint.charset!r}; a move reads and "
+                    f"writes rows as {MARIADB_CHARSET}: connect with charset={MARIADB_CHARSET!r}")
             self._connection = endpoint
             self.description = f"{endpoint.host}:{endpoint.port}/{_text(endpoint.db)}"
         elif isinstance(endpoint, Engine):
@@ -273,13 +290,36 @@ class MariaDBConnector(_Sessions[Any]):
                 f"the {role} must be a mysql+pymysql:// URL, a SQLAlchemy Engine or a PyMySQL "
                 f"connection, not {type(endpoint).__name__}")
 
+    def extra(self) -> Any:
+        """One more session of the same account, apart from :meth:`session` and
+        :meth:`held` (a watcher thread's); the caller closes it."""
+        pymysql = _pymysql()
+        if self._engine is not None:
+            raw = self._engine_connection()
+            connection = raw.driver_connection
+            connection.autocommit(True)
+            raw.detach()  # closed by the caller, never given back to the pool
+            return connection
+        arguments = self._arguments
+        if arguments is None:
+            c = self._connection
+            arguments = {"host": c.host, "port": c.port, "user": _text(c.user),
+                         "password": c.password, "database": _text(c.db) or None,
+                         "unix_socket": c.unix_socket, "charset": MARIADB_CHARSET,
+                         "connect_timeout": CONNECT_TIMEOUT_S, "autocommit": True}
+        try:
+            return pymysql.connect(**arguments)
+        except pymysql.MySQLError as error:
+            raise self._cannot_connect(error) from error
+
     @contextmanager
     def _open(self) -> Iterator[Any]:
         pymysql = _pymysql()
         if self._connection is not None:
-            if not self._connection.get_autocommit():
-                self._connection.autocommit(True)
-            yield self._connection
+            with self._named_if_lost(self._connection):
+                if not self._connection.get_autocommit():
+                    self._connection.autocommit(True)
+                yield self._connection
             return
         if self._engine is not None:
             yield from self._engine_session()
@@ -287,45 +327,59 @@ class MariaDBConnector(_Sessions[Any]):
         assert self._arguments is not None
         try:
             connection = pymysql.connect(**self._arguments)
-        except pymysql.err.OperationalError as error:
+        except pymysql.MySQLError as error:
             raise self._cannot_connect(error) from error
         try:
             with self._named_if_lost(connection):
                 yield connection
         finally:
             if connection.open:
-                connection.close()
+                with suppress(Exception):
+                    connection.close()
 
     def _alive(self, connection: Any) -> bool:
         return bool(connection.open)
 
     @contextmanager
     def _named_if_lost(self, connection: Any) -> Iterator[None]:
+        """Only this session's loss is named: PyMySQL closes a connection whose server went
+        away (2006, 2013, ...), so an error of another session used inside the block (a step
+        holds one on each server) passes unchanged to that session's own handler."""
+        pymysql = _pymysql()
         try:
             yield
-        except _pymysql().err.OperationalError as error:
-            if self._alive(connection) and error.args[:1] and error.args[0] not in _MYSQL_LOST:
+        except pymysql.MySQLError as error:
+            number = error.args[0] if error.args and isinstance(error.args[0], int) else None
+            if self._alive(connection) and not (
+                number in _MYSQL_SESSION_ENDED and not _answers(connection, pymysql)
+            ):
                 raise
             raise self._lost(error) from error
 
-    def _engine_session(self) -> Iterator[Any]:
+    def _engine_connection(self) -> Any:
         try:
-            raw = self._engine.raw_connection()
+            return self._engine.raw_connection()
         except Exception as error:  # sqlalchemy.exc.OperationalError wraps PyMySQL's
             raise self._cannot_connect(error) from error
+
+    def _engine_session(self) -> Iterator[Any]:
+        raw = self._engine_connection()
         connection = raw.driver_connection
         try:
-            connection.autocommit(True)
             with self._named_if_lost(connection):
+                connection.autocommit(True)
                 yield connection
-        except BaseException:
-            if not self._alive(connection):
-                raw.invalidate()
-            raise
         finally:
-            if self._alive(connection):
-                connection.autocommit(False)  # the pool expects a transactional connection
-            raw.close()
+            raw.invalidate()  # never back to the pool with the move's lock or variables
+
+
+def _answers(connection: Any, pymysql: Any) -> bool:
+    """Whether a PyMySQL session still answers (a ping, no reconnect)."""
+    try:
+        connection.ping(reconnect=False)
+    except pymysql.MySQLError:
+        return False
+    return True
 
 
 def _pymysql_arguments(url: URL, role: str) -> dict[str, Any]:
@@ -336,12 +390,17 @@ def _pymysql_arguments(url: URL, role: str) -> dict[str, Any]:
         raise InvalidArgumentError(
             f"the {role} URL {_describe_url(url)} is a {backend} URL, not MariaDB's")
     accepted = set(inspect.signature(_pymysql().connections.Connection.__init__).parameters)
-    arguments: dict[str, Any] = {"charset": "utf8mb4", "connect_timeout": CONNECT_TIMEOUT_S}
+    arguments: dict[str, Any] = {"charset": MARIADB_CHARSET,
+                                 "connect_timeout": CONNECT_TIMEOUT_S}
     for key, value in url.query.items():
         if key not in accepted or key in ("self", "autocommit", "passwd", "db"):
             raise InvalidArgumentError(
                 f"the {role} URL's query has {key!r}, which is no PyMySQL connect argument")
         text = value if isinstance(value, str) else value[-1]
+        if key == "charset" and text != MARIADB_CHARSET:
+            raise InvalidArgumentError(
+                f"the {role} URL asks for charset {text!r}; a move reads and writes rows as "
+                f"{MARIADB_CHARSET}: drop charset from the URL")
         arguments[key] = int(text) if key in ("port", "connect_timeout") else text
     arguments.update(url.translate_connect_args(username="user", database="database"))
     arguments["autocommit"] = True

@@ -19,6 +19,8 @@ Every object is named after the move (``sfdb_fence_<m>_<i|u|d>_<table>``,
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import threading
 import time
@@ -26,15 +28,16 @@ import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...errors import (
     InvalidArgumentError,
-    InvalidArgumentTypeError,
     MissingExtraError,
+    MoveServerUnreachableError,
     ShardMoveError,
 )
 from ...layout import Layout
+from ._connections import MariaDBConnector, MariaDBEndpoint
 from ._results import (
     Blocker,
     CleanupReport,
@@ -52,13 +55,6 @@ try:
     import pymysql  # type: ignore[import-untyped]
 except ImportError as error:  # pragma: no cover - the mysql extra is missing
     raise MissingExtraError(__name__, package="PyMySQL", extra="mysql") from error
-
-if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
-
-    MariaDBEndpoint = str | Engine | Any
-else:
-    MariaDBEndpoint = object
 
 #: The SQLSTATE of the fence's ``SIGNAL`` (clients that report SQLSTATE see it).
 FENCE_SQLSTATE = "SFM01"
@@ -91,8 +87,6 @@ _EVENT_NAMES = {"i": "INSERT", "u": "UPDATE", "d": "DELETE"}
 #: What a bounded attempt's failure looks like: max_statement_time exceeded, lock wait timeout,
 #: deadlock (InnoDB chose the fencer as the victim).
 _GAVE_UP = frozenset({1969, 1205, 1213})
-#: Client errors of a connection that went away (server gone, lost during a query, refused).
-_LOST = frozenset({2003, 2006, 2013, 2055})
 _MAX_STATEMENT_BYTES = 4 << 20
 _ID_BATCH = 2000
 _DRAIN_BATCHES = 8
@@ -109,6 +103,10 @@ _TEXT_TYPES = frozenset({
     "char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set", "json",
 })
 _CASCADING = ("CASCADE", "SET NULL", "SET DEFAULT")
+#: The unique indexes of a table (schema, name) that are one column (the ID) alone.
+_ID_KEYS = """SELECT s.INDEX_NAME FROM information_schema.STATISTICS s
+    WHERE s.TABLE_SCHEMA = %s AND s.TABLE_NAME = %s AND s.NON_UNIQUE = 0
+    GROUP BY s.INDEX_NAME HAVING COUNT(*) = 1 AND MAX(s.COLUMN_NAME) = %s"""
 _TARGET_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,63}$")
 _FENCE_MARK = re.compile(r"SFM01 shard=(\d+) target=(\S+) move=(\d+)")
 
@@ -164,10 +162,16 @@ class _Table:
     schema: str
     name: str
     columns: tuple[_Column, ...]
+    #: the unique index that is the ID column alone (``PRIMARY`` when it is), if any
+    key: str | None = None
 
     @property
     def sql(self) -> str:
         return f"{_q(self.schema)}.{_q(self.name)}"
+
+    def by_keys(self) -> str:
+        """This table joined to a list of IDs (:func:`_by_keys`)."""
+        return _by_keys(self.sql, self.id, self.key)
 
     @property
     def id(self) -> str:
@@ -186,180 +190,6 @@ class _Table:
 
     def column_list(self) -> str:
         return ", ".join(_q(c.name) for c in self.copied)
-
-
-class _UnreachableError(ShardMoveError):
-    """A server of the move cannot be reached (cleanup then reports the side as pending)."""
-
-
-class _Connector:
-    """Opens autocommit PyMySQL sessions on one server of a move (``role``: source or target).
-
-    The endpoint is a URL (``mysql+pymysql://user:password@host:port/database``), a SQLAlchemy
-    engine with the PyMySQL driver, or a PyMySQL connection (utf8mb4) the caller keeps.
-    Descriptions never carry a password.
-    """
-
-    def __init__(self, endpoint: MariaDBEndpoint, role: str) -> None:
-        self.role = role
-        self._params: dict[str, Any] | None = None
-        self._engine: Any = None
-        self._connection: Any = None
-        self._held: Any = None
-        if isinstance(endpoint, str):
-            from sqlalchemy.engine import make_url
-            from sqlalchemy.exc import ArgumentError
-
-            try:
-                url = make_url(endpoint)
-            except ArgumentError as error:
-                raise InvalidArgumentError(
-                    f"the {role} is not a URL such as mysql+pymysql://user@host:3306/shop"
-                ) from error
-            if url.get_backend_name() not in ("mysql", "mariadb"):
-                raise InvalidArgumentError(
-                    f"the {role} URL is a {url.get_backend_name()} URL; a MariaDB move needs "
-                    "mysql+pymysql:// or mariadb+pymysql://")
-            self._params = {"host": url.host or "localhost", "port": url.port or 3306,
-                            "user": url.username or "", "password": url.password or "",
-                            "database": url.database or None}
-            socket = url.query.get("unix_socket")
-            if isinstance(socket, str):
-                self._params["unix_socket"] = socket
-            self.description = f"{url.host or 'localhost'}:{url.port or 3306}/{url.database or ''}"
-        elif isinstance(endpoint, pymysql.connections.Connection):
-            if endpoint.charset != "utf8mb4":
-                raise InvalidArgumentError(
-                    f"the {role} connection uses charset {endpoint.charset!r}; a move reads and "
-                    "writes rows as utf8mb4: connect with charset='utf8mb4'")
-            self._connection = endpoint
-            self.description = f"{endpoint.host}:{endpoint.port}/{_text(endpoint.db)}"
-        elif hasattr(endpoint, "raw_connection") and hasattr(endpoint, "url"):
-            driver = endpoint.url.get_driver_name()
-            if driver != "pymysql":
-                raise InvalidArgumentTypeError(
-                    f"the {role} engine uses the {driver!r} driver; a MariaDB move needs PyMySQL "
-                    "(a mysql+pymysql:// URL)")
-            self._engine = endpoint
-            url = endpoint.url
-            self.description = f"{url.host}:{url.port or 3306}/{url.database}"
-        else:
-            raise InvalidArgumentTypeError(
-                f"the {role} must be a URL, a SQLAlchemy Engine or a PyMySQL connection, not "
-                f"{type(endpoint).__name__}")
-
-    def connect_params(self) -> dict[str, Any] | None:
-        """What opens one more session of the same account (the fence's watcher), if known."""
-        if self._params is not None:
-            return dict(self._params)
-        if self._connection is not None:
-            c = self._connection
-            return {"host": c.host, "port": c.port, "user": _text(c.user),
-                    "password": c.password, "database": _text(c.db) or None,
-                    "unix_socket": c.unix_socket}
-        return None
-
-    def extra(self) -> Any:
-        """One more session (raises :class:`ShardMoveError` when none can be opened)."""
-        params = self.connect_params()
-        if params is not None:
-            return self._open(params)
-        raw = self._engine.raw_connection()
-        connection = raw.driver_connection
-        connection.autocommit(True)
-        raw.detach()  # closed by the caller, never returned to the pool with our settings
-        return connection
-
-    def _open(self, params: dict[str, Any]) -> Any:
-        try:
-            return pymysql.connect(**params, autocommit=True, charset="utf8mb4",
-                                   connect_timeout=10)
-        except pymysql.MySQLError as error:
-            raise _UnreachableError(
-                f"cannot connect to the {self.role} {self.description}: {_first_line(error)}"
-            ) from error
-
-    @contextmanager
-    def session(self) -> Iterator[Any]:
-        """An autocommit session; inside :meth:`held`, the held one (unless it broke)."""
-        held = self._held
-        if held is not None and held.open:
-            with self._named_if_lost():
-                yield held
-            return
-        if self._connection is not None:
-            self._connection.autocommit(True)
-            with self._named_if_lost():
-                yield self._connection
-            return
-        if self._engine is not None:
-            try:
-                raw = self._engine.raw_connection()
-            except Exception as error:
-                raise _UnreachableError(f"cannot connect to the {self.role} {self.description}: "
-                                   f"{_first_line(error)}") from error
-            connection = raw.driver_connection
-            try:
-                connection.autocommit(True)
-                with self._named_if_lost():
-                    yield connection
-            finally:
-                # Never back to the pool with a session variable of the move's set.
-                raw.invalidate()
-            return
-        assert self._params is not None
-        connection = self._open(self._params)
-        try:
-            with self._named_if_lost():
-                yield connection
-        finally:
-            with suppress(Exception):
-                connection.close()
-
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        """Keep one session open for every :meth:`session` inside this block."""
-        if self._held is not None:
-            yield
-            return
-        opened = self.session()
-        self._held = opened.__enter__()
-        error: BaseException | None = None
-        try:
-            yield
-        except BaseException as raised:
-            error = raised
-            raise
-        finally:
-            self._held = None
-            try:
-                if error is None:
-                    opened.__exit__(None, None, None)
-                else:
-                    opened.__exit__(type(error), error, error.__traceback__)
-            except Exception:
-                if error is None:
-                    raise
-
-    @contextmanager
-    def _named_if_lost(self) -> Iterator[None]:
-        try:
-            yield
-        except pymysql.MySQLError as error:
-            if _errno(error) in _LOST:
-                raise _UnreachableError(f"lost the connection to the {self.role} "
-                                   f"{self.description}: {_first_line(error)}") from error
-            raise
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode()
-    return "" if value is None else str(value)
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _rows(conn: Any, query: str, params: Any = None) -> list[tuple[Any, ...]]:
@@ -418,6 +248,30 @@ def _in_list(count: int) -> str:
     return ", ".join(["%s"] * count)
 
 
+def _by_keys(table: str, column: str, key: str | None) -> str:
+    """``table AS t`` joined to the values of one JSON array parameter, each row looked up in
+    the unique index ``key`` on ``column``: what the move's ``UPDATE`` and ``DELETE`` of
+    listed rows name.
+
+    Never ``... WHERE column IN (...)`` for a write: on a small table the optimizer scans the
+    whole table for it (MariaDB 10.11: a hint is ignored by a single-table ``DELETE``), and in
+    REPEATABLE READ a locking scan locks every row it reads. It then waits for any open
+    transaction's uncommitted row there (a changelog row of a write of the shard not committed
+    yet: the apply stood until ``innodb_lock_wait_timeout`` and the step failed; another shard's
+    new order) and holds up the table's writers until it ends. Joined to the list first
+    (``STRAIGHT_JOIN``) through the index (``FORCE INDEX``: without it a table of a few rows
+    is still scanned, measured), only the rows written are locked.
+    """
+    index = f" FORCE INDEX ({_q(key)})" if key else ""
+    return (f"JSON_TABLE(%s, '$[*]' COLUMNS (k BIGINT PATH '$')) AS kl "
+            f"STRAIGHT_JOIN {table} AS t{index} ON t.{column} = kl.k")
+
+
+def _key_list(keys: Sequence[int]) -> str:
+    """The parameter of :func:`_by_keys`: the keys as a JSON array (exact for any BIGINT)."""
+    return json.dumps([int(key) for key in keys])
+
+
 class MariaDBMoveBackend:
     """The steps of move ``move_id`` of logical shard ``shard`` from ``source`` to ``target``,
     two MariaDB 10.6+ servers.
@@ -427,8 +281,9 @@ class MariaDBMoveBackend:
     ``target_name`` is the shard map's name of the target, written into the fence's error.
     List ``tables`` parents first: rows are deleted in the reverse order. ``chunk_rows`` bounds
     the rows one :meth:`advance` copies and the changes it applies; ``lock_timeout_ms`` bounds
-    each attempt to take a lock (a trigger's metadata lock, the fence row), retried
-    ``fence_attempts`` times.
+    each attempt to lock the fence row, retried ``fence_attempts`` times; a trigger statement
+    waits for its table's metadata lock in attempts of whole seconds within the same budget
+    (:attr:`ddl_wait_s`, :attr:`ddl_attempts`).
     """
 
     kind = "mariadb"
@@ -473,8 +328,8 @@ class MariaDBMoveBackend:
         self.chunk_rows = chunk_rows
         self.retry_pause_s = retry_pause_s
         self.name = f"sfdb_move_{move_id}"
-        self._source = _Connector(source, "source")
-        self._target = _Connector(target, "target")
+        self._source = MariaDBConnector(source, "source")
+        self._target = MariaDBConnector(target, "target")
         self._resolved: dict[tuple[str, str], _Table] = {}
         self._defaults: dict[str, str] = {}
         self._marked = False
@@ -574,12 +429,14 @@ class MariaDBMoveBackend:
                         f"table {moved.name} does not exist {where} "
                         f"{self._connector(side).description} (schema {schema})")
                 continue
-            table = _Table(moved, str(schema), str(name), columns)
+            keys = sorted((str(index) for (index,) in _rows(conn, _ID_KEYS, (
+                schema, name, moved.id_column))), key=lambda index: index != "PRIMARY")
+            table = _Table(moved, str(schema), str(name), columns, keys[0] if keys else None)
             self._resolved[key] = table
             found.append(table)
         return found
 
-    def _connector(self, side: str) -> _Connector:
+    def _connector(self, side: str) -> MariaDBConnector:
         return self._source if side == "source" else self._target
 
     def _triggers(self, conn: Any, tables: Sequence[_Table], prefix: str) -> list[str]:
@@ -658,11 +515,7 @@ class MariaDBMoveBackend:
                 f"check 'engine': {table.moved.name} {where} uses {engine}; the capture's "
                 "changelog must commit and roll back with each write: ALTER TABLE ... "
                 "ENGINE=InnoDB")
-        keys = _rows(s, """SELECT s.INDEX_NAME FROM information_schema.STATISTICS s
-            WHERE s.TABLE_SCHEMA = %s AND s.TABLE_NAME = %s AND s.NON_UNIQUE = 0
-            GROUP BY s.INDEX_NAME HAVING COUNT(*) = 1 AND MAX(s.COLUMN_NAME) = %s""",
-                     (table.schema, table.name, table.moved.id_column))
-        if not keys:
+        if table.key is None:
             raise ShardMoveError(
                 f"check 'primary key': no primary or unique key of {table.moved.name} {where} is "
                 f"{table.moved.id_column} alone; the move finds, copies and deletes rows by it: "
@@ -749,8 +602,9 @@ class MariaDBMoveBackend:
 
         ``CREATE TRIGGER`` takes the table's exclusive metadata lock, so it waits for every
         transaction that has used the table (readers too) and new statements on the table
-        queue behind it: each attempt is bounded by ``lock_timeout_ms``
-        (``max_statement_time``) and retried. Once a table's triggers exist, every change of
+        queue behind it: each attempt's wait is bounded (:meth:`_bounded_ddl`: the fence's
+        budget in attempts of whole seconds) and retried. Once a table's triggers exist, every
+        change of
         the shard's rows commits with its changelog row; every change committed before is
         visible to the copy, which starts after this step.
         """
@@ -772,11 +626,11 @@ class MariaDBMoveBackend:
                           for name, body in self._trigger_sql(table)
                           if f"{table.name}.{name}" not in present]
             for label, statement in statements:
-                if not self._bounded(s, statement):
+                if not self._bounded_ddl(s, statement):
                     raise FenceBlockedError(
                         f"capture: trigger {label} not created: its table's metadata lock was "
-                        f"not granted in {self.fence_attempts} attempts of "
-                        f"{self.lock_timeout_ms} ms on the source {self._source.description}; "
+                        f"not granted in {self._ddl_budget()} on the source "
+                        f"{self._source.description}; "
                         f"open transactions there (any of them may hold it): "
                         f"{_describe(self._open_transactions(s))}; end them and run capture "
                         "again", blockers=self._open_transactions(s))
@@ -824,20 +678,53 @@ END"""
         return statements
 
     def _bounded(self, conn: Any, statement: str) -> bool:
-        """Run a statement that waits for a lock (a metadata lock for DDL, the fence row),
-        each attempt bounded by ``lock_timeout_ms``; whether it ran within ``fence_attempts``
-        attempts."""
+        """Run a statement that waits for a row lock (the fence row, in a table without
+        triggers), each attempt bounded by ``lock_timeout_ms``; whether it ran within
+        ``fence_attempts`` attempts."""
         bounded = (f"SET STATEMENT max_statement_time = {self.lock_timeout_ms / 1000:.3f} FOR "
                    f"{statement}")
-        for _ in range(self.fence_attempts):
+        return self._attempts(conn, bounded, self.fence_attempts)
+
+    @property
+    def ddl_wait_s(self) -> int:
+        """Seconds one attempt of a trigger statement waits for its table's metadata lock:
+        ``lock_timeout_ms`` in whole seconds (``lock_wait_timeout`` takes no fraction)."""
+        return max(1, math.ceil(self.lock_timeout_ms / 1000))
+
+    @property
+    def ddl_attempts(self) -> int:
+        """Attempts of a trigger statement: the fence's budget (``fence_attempts`` times
+        ``lock_timeout_ms``) in attempts of :attr:`ddl_wait_s`."""
+        return max(1, math.ceil(self.fence_attempts * self.lock_timeout_ms / 1000
+                                / self.ddl_wait_s))
+
+    def _bounded_ddl(self, conn: Any, statement: str) -> bool:
+        """Run ``CREATE`` or ``DROP TRIGGER`` on a moved table, each attempt's wait for the
+        table's metadata lock bounded by :attr:`ddl_wait_s` (``lock_wait_timeout``), up to
+        :attr:`ddl_attempts`; whether it ran.
+
+        Never by ``max_statement_time``: the statement opens the table, which parses every
+        trigger of it, and an interruption during that parse leaves the opened table in the
+        table cache with a trigger marked broken, so that the next statement given it (the
+        application's writes, of any shard) fails with 'Trigger ... has an error in its body'
+        (seen on MariaDB 10.11 under load; reproduced with 1 ms attempts).
+        ``lock_wait_timeout`` ends only the wait for the lock."""
+        bounded = f"SET STATEMENT lock_wait_timeout = {self.ddl_wait_s} FOR {statement}"
+        return self._attempts(conn, bounded, self.ddl_attempts)
+
+    def _attempts(self, conn: Any, statement: str, attempts: int) -> bool:
+        for _ in range(attempts):
             try:
-                _run(conn, bounded)
+                _run(conn, statement)
                 return True
             except pymysql.MySQLError as error:
                 if _errno(error) not in _GAVE_UP:
                     raise
             time.sleep(self.retry_pause_s)  # the statements queued behind the attempt go on
         return False
+
+    def _ddl_budget(self) -> str:
+        return f"{self.ddl_attempts} attempts of {self.ddl_wait_s} s"
 
     def _capture_complete(self, s: Any, tables: Sequence[_Table]) -> bool:
         return (self._table_exists(s, "source", self.changelog_name)
@@ -998,9 +885,8 @@ END"""
                 for name, ids in wanted.items():
                     t_table = self._resolved[("target", name)]
                     for batch in _batches(sorted(ids), _ID_BATCH):
-                        _run(t, f"SET STATEMENT foreign_key_checks = 0 FOR DELETE FROM "
-                                f"{t_table.sql} WHERE {t_table.id} IN ({_in_list(len(batch))})",
-                             tuple(batch))
+                        _run(t, f"SET STATEMENT foreign_key_checks = 0 FOR DELETE t FROM "
+                                f"{t_table.by_keys()}", (_key_list(batch),))
                     self._insert(t, t_table, current[name])
         seqs = [int(seq) for seq, _, _ in pending]
         if not self._marked:
@@ -1008,11 +894,11 @@ END"""
                                    f"{_MARK_SEQ} AND applied = {_MARK}") is not None
         for batch in _batches(seqs, _ID_BATCH):
             if self._marked:
-                _run(s, f"UPDATE {self._changelog()} SET applied = {_APPLIED} WHERE seq IN "
-                        f"({_in_list(len(batch))})", tuple(batch))
+                _run(s, f"UPDATE {_by_keys(self._changelog(), 'seq', 'PRIMARY')} SET "
+                        f"t.applied = {_APPLIED}", (_key_list(batch),))
             else:
-                _run(s, f"DELETE FROM {self._changelog()} WHERE seq IN "
-                        f"({_in_list(len(batch))})", tuple(batch))
+                _run(s, f"DELETE t FROM {_by_keys(self._changelog(), 'seq', 'PRIMARY')}",
+                     (_key_list(batch),))
         return len(pending)
 
     def copy_progress(self) -> CopyProgress:
@@ -1232,11 +1118,11 @@ END"""
         schema = {table.name: table.schema for table in tables}
         for label in names:
             table, _, trigger = label.partition(".")
-            if not self._bounded(conn, f"DROP TRIGGER IF EXISTS "
+            if not self._bounded_ddl(conn, f"DROP TRIGGER IF EXISTS "
                                            f"{_q(schema[table])}.{_q(trigger)}"):
                 raise FenceBlockedError(
                     f"{step}: trigger {label} not dropped: its table's metadata lock was not "
-                    f"granted in {self.fence_attempts} attempts of {self.lock_timeout_ms} ms; "
+                    f"granted in {self._ddl_budget()}; "
                     f"open transactions: {_describe(self._open_transactions(conn))}; run "
                     f"{step} again", blockers=self._open_transactions(conn))
 
@@ -1406,7 +1292,7 @@ END"""
                 with suppress(pymysql.MySQLError):
                     _run(t, "DO RELEASE_LOCK(%s)", (self._lock_name,))
                 self._locked_on = None
-        except _UnreachableError as error:
+        except MoveServerUnreachableError as error:
             report.done.append(f"target skipped: {error}")
         try:
             with self._source.session() as s:
@@ -1418,7 +1304,7 @@ END"""
                     _run(s, f"DROP TABLE IF EXISTS {self._changelog()}")
                     report.done.append(f"dropped {self.changelog_name} on the source")
                 self._marked = False
-        except _UnreachableError as error:
+        except MoveServerUnreachableError as error:
             report.source_pending = True
             report.source_error = str(error)
         return report
@@ -1524,8 +1410,8 @@ END"""
                         if not ids:
                             break
                         started = time.monotonic()
-                        total += _run(conn, f"DELETE FROM {table.sql} WHERE {table.id} IN "
-                                            f"({_in_list(len(ids))})", tuple(ids))
+                        total += _run(conn, f"DELETE t FROM {table.by_keys()}",
+                                      (_key_list(ids),))
                         found += len(ids)
                         last = ids[-1]
                         if pause_ratio:

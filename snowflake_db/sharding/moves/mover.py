@@ -50,6 +50,7 @@ from ...worker._schema import DEFAULT_SLOTS_TABLE
 from ..shard_map import (
     ShardMap,
     ShardMapTables,
+    backend_of,
     barrier_waiting,
     control_engine,
     flip_shard,
@@ -203,12 +204,6 @@ def _libpq(url: URL) -> str:
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def _backend_name(url: URL) -> str:
-    """The shard map's name of a URL's backend (``postgresql``, ``mariadb``, ...)."""
-    name = url.get_backend_name()
-    return {"postgres": "postgresql", "mysql": "mariadb"}.get(name, name)
-
-
 #: The driver each backend's steps connect with; an engine of another driver is used by URL.
 _DRIVERS = {"postgresql": "psycopg", "mariadb": "pymysql"}
 
@@ -233,13 +228,12 @@ class _Server:
                 f"target {name!r} must be given as a URL or a SQLAlchemy Engine, not "
                 f"{type(value).__name__}"
             )
-        self.backend = _backend_name(url)
+        self.backend = backend_of(url)
         self.conninfo = _libpq(url) if self.backend == "postgresql" else ""
         if isinstance(value, Engine) and url.get_driver_name() == _DRIVERS.get(self.backend):
             self.endpoint = value  # the steps take an engine of their driver as it is
         elif self.backend == "mariadb":
-            self.endpoint = url.set(drivername="mysql+pymysql").render_as_string(
-                hide_password=False)
+            self.endpoint = url.set(drivername="mysql+pymysql")
         else:
             self.endpoint = self.conninfo
 
