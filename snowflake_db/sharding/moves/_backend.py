@@ -64,9 +64,10 @@ class MoveBackend(Protocol):
         """Start the copy to the target; what the journal keeps of it."""
         ...
 
-    def advance(self) -> None:
-        """One bounded unit of copy work in the mover's process (nothing where the servers
-        copy on their own)."""
+    def advance(self) -> int:
+        """One bounded unit of copy work in the mover's process: how much it did (rows copied
+        and changes applied; 0 when there was nothing to do, and always where the servers copy
+        on their own). The mover polls again at once while it does work."""
         ...
 
     def copy_progress(self) -> CopyProgress:

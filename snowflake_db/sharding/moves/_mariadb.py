@@ -775,9 +775,10 @@ END"""
                 f"{self.move_id} is running (stop it, or KILL {holder})")
         self._locked_on = thread
 
-    def advance(self) -> None:
+    def advance(self) -> int:
         """One bounded unit of the copy, in the caller's process: apply up to ``chunk_rows``
-        captured changes, then copy up to ``chunk_rows`` rows of the first table not copied.
+        captured changes, then copy up to ``chunk_rows`` rows of the first table not copied;
+        how many changes and rows that was (0: nothing to do now).
 
         Safe to kill at any point: the target's progress commits with each chunk, a captured
         change is deleted from the changelog only after its row was written, and rewriting a
@@ -795,8 +796,8 @@ END"""
                 raise ShardMoveError(f"advance: no changelog {self.changelog_name} on the "
                                      "source; run capture first")
             with _bypassing(t, self.shard):
-                self._apply_batch(s, t, tables, progress)
-                self._copy_chunk(s, t, tables, progress)
+                applied = self._apply_batch(s, t, tables, progress)
+                return applied + self._copy_chunk(s, t, tables, progress)
 
     def _copy_chunk(self, s: Any, t: Any, tables: Sequence[_Table],
                     progress: dict[str, tuple[int | None, int, bool]]) -> int:

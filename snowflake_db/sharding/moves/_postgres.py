@@ -467,8 +467,9 @@ class PostgresMoveBackend:
             self._suboid = suboid
             return {"subscription": self.name, "subscription_oid": suboid}
 
-    def advance(self) -> None:
-        """Nothing: the subscription's workers on the target copy and apply on their own."""
+    def advance(self) -> int:
+        """Nothing (0): the subscription's workers on the target copy and apply on their own."""
+        return 0
 
     def _subscription_oid(self, t: psycopg.Connection[Any]) -> int | None:
         suboid: int | None = _one(
