@@ -31,13 +31,14 @@ from typing import Any
 import pymysql
 import pytest
 from sqlalchemy import BigInteger, MetaData, String, create_engine, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from snowflake_db import SnowflakeGenerator
 from snowflake_db.cli import main
-from snowflake_db.errors import MoveServerUnreachableError, ShardMoveError
+from snowflake_db.errors import MoveServerUnreachableError, ShardMovedError, ShardMoveError
 from snowflake_db.sharding import ShardRule
-from snowflake_db.sharding.moved import retry_shard_moved
+from snowflake_db.sharding.moved import retry_shard_moved, shard_moved_error
 from snowflake_db.sharding.moves import FORWARD_STEPS, MoveStoppedError, wait_until
 from snowflake_db.sharding.routing import ControlledShardRouter
 from snowflake_db.sharding.shard_map import add_target, read_shard_map, shard_map_tables
@@ -446,8 +447,14 @@ def test_a_stale_router_writes_through_the_fence_and_reads_never_miss(setup: Set
                     "INSERT INTO orders (id, customer_id, total_cents, status) "
                     "VALUES (%s, 3, 3, 'stale')", (oid,))
 
+        with pytest.raises(OperationalError) as refused:  # one attempt: the fence's error
+            work()
+        moved = shard_moved_error(refused.value)
+        assert isinstance(moved, ShardMovedError)
+        assert (moved.shard, moved.target, moved.move_id) == (SHARD, "b", move_id)
+        assert stale.target_of_shard(SHARD) == "a"  # nothing refreshed it
         retry_shard_moved(work, refresh=stale.refresh)
-        assert tried == ["a", "b"]  # refused on a, landed on b after the refresh
+        assert tried == ["a", "a", "b"]  # refused on a, landed on b after the refresh
         # Reads by ID through the stale reader: an order from before the move (its row on a
         # deleted by the cleanup) and the one just written on b.
         version = read_shard_map(setup.control).version
@@ -477,7 +484,7 @@ _FROZEN = textwrap.dedent("""
     from sqlalchemy.engine import make_url
     import snowflake_db
     from snowflake_db.worker import TableWorkerAllocator
-    from snowflake_db.sharding.moved import retry_shard_moved
+    from snowflake_db.sharding.moved import retry_shard_moved, shard_moved_error
     from snowflake_db.sharding.routing import ControlledShardRouter
     from tests.plugins.shard_moves_mariadb import LAYOUT
 
@@ -735,7 +742,7 @@ _DJANGO = textwrap.dedent("""
 
 def test_manage_py_shards_on_mariadb_aliases(servers: Servers) -> None:
     """MySQL-backend DATABASES aliases (PyMySQL as MySQLdb) as targets, the control alias on
-    MariaDB: init, plan, a dry run, a move, show; mistakes exit 2 with one line and change
+    MariaDB: init, plan, a dry run, a move; a mistake exits 2 with one line and changes
     nothing."""
     with make_setup(servers, prefix="mvrdj") as setup:
         name = f"{setup.pair.db}_djctl"
@@ -770,9 +777,9 @@ def test_manage_py_shards_on_mariadb_aliases(servers: Servers) -> None:
             assert setup.rows("b", 8) == before
             assert setup.rows("a", 8) == {"orders": {}, "order_items": {}}
             setup.pair.assert_no_capture_left()
-            done = manage("show")
-            assert done.returncode == 0 and "shard_b (mariadb): 1 shard(s): 8" in done.stdout
-            version = read_shard_map(engine).version
+            moved = read_shard_map(engine)
+            assert moved.rows[8].target == "shard_b" and moved.rows[8].state == "serving"
+            version = moved.version
             done = manage("move", "--shard", "9", "--to", "shard_c", *tables)
             assert done.returncode == 2, done.stderr
             assert done.stderr.strip().count("\n") == 0, done.stderr
