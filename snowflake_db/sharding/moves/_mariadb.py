@@ -49,6 +49,7 @@ from ._results import (
     TableChecksum,
     Verification,
     VerificationMismatchError,
+    check_move_arguments,
 )
 
 try:
@@ -107,7 +108,6 @@ _CASCADING = ("CASCADE", "SET NULL", "SET DEFAULT")
 _ID_KEYS = """SELECT s.INDEX_NAME FROM information_schema.STATISTICS s
     WHERE s.TABLE_SCHEMA = %s AND s.TABLE_NAME = %s AND s.NON_UNIQUE = 0
     GROUP BY s.INDEX_NAME HAVING COUNT(*) = 1 AND MAX(s.COLUMN_NAME) = %s"""
-_TARGET_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,63}$")
 _FENCE_MARK = re.compile(r"SFM01 shard=(\d+) target=(\S+) move=(\d+)")
 
 
@@ -304,25 +304,14 @@ class MariaDBMoveBackend:
         chunk_rows: int = 2000,
         retry_pause_s: float = 0.05,
     ) -> None:
-        if not isinstance(move_id, int) or isinstance(move_id, bool) or not 0 <= move_id < 2**63:
-            raise InvalidArgumentError(f"move_id {move_id!r} must be an int in [0, 2**63)")
-        if not isinstance(target_name, str) or not _TARGET_NAME.match(target_name):
-            raise InvalidArgumentError(
-                f"target_name {target_name!r} must be 1-63 letters, digits or _ . : -")
-        if not tables:
-            raise InvalidArgumentError("tables is empty: a move needs at least one sharded table")
-        for name, value, low in (("lock_timeout_ms", lock_timeout_ms, 1),
-                                 ("fence_attempts", fence_attempts, 1),
-                                 ("chunk_rows", chunk_rows, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise InvalidArgumentError(f"{name} {value!r} must be an int >= {low}")
+        self.tables = check_move_arguments(
+            move_id=move_id, target_name=target_name, tables=tables,
+            at_least_one={"lock_timeout_ms": lock_timeout_ms, "fence_attempts": fence_attempts,
+                          "chunk_rows": chunk_rows})
         self.layout = layout
         self.shard = shard
         self.move_id = move_id
         self.target_name = target_name
-        self.tables = tuple(t if isinstance(t, MovedTable) else MovedTable(t) for t in tables)
-        if len({t.name for t in self.tables}) != len(self.tables):
-            raise InvalidArgumentError(f"tables {[t.name for t in self.tables]} name one twice")
         self.lock_timeout_ms = lock_timeout_ms
         self.fence_attempts = fence_attempts
         self.chunk_rows = chunk_rows

@@ -43,6 +43,7 @@ from ._results import (
     MovedTable,
     TableChecksum,
     Verification,
+    check_move_arguments,
 )
 
 #: SQLSTATE of a write refused by a fence (the library maps it to ShardMovedError).
@@ -104,7 +105,6 @@ BEGIN
     RETURN NULL;
 END
 """
-_TARGET_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,63}$")
 _SYNC_SLOT = re.compile(r"^pg_(\d+)_sync_(\d+)_(\d+)$")
 # Lock modes a session keeps while it writes a table; CREATE TRIGGER (SHARE ROW EXCLUSIVE)
 # waits for each of them, DROP TRIGGER (ACCESS EXCLUSIVE) also for readers.
@@ -184,25 +184,13 @@ class PostgresMoveBackend:
         retry_pause_s: float = 0.05,
         slot_timeout_s: float = 30.0,
     ) -> None:
-        if not isinstance(move_id, int) or isinstance(move_id, bool) or not 0 <= move_id < 2**63:
-            raise InvalidArgumentError(f"move_id {move_id!r} must be an int in [0, 2**63)")
-        if not isinstance(target_name, str) or not _TARGET_NAME.match(target_name):
-            raise InvalidArgumentError(
-                f"target_name {target_name!r} must be 1-63 letters, digits or _ . : -"
-            )
-        if not tables:
-            raise InvalidArgumentError("tables is empty: a move needs at least one sharded table")
-        for name, value, low in (("lock_timeout_ms", lock_timeout_ms, 1),
-                                 ("fence_attempts", fence_attempts, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise InvalidArgumentError(f"{name} {value!r} must be an int >= {low}")
+        self.tables = check_move_arguments(
+            move_id=move_id, target_name=target_name, tables=tables,
+            at_least_one={"lock_timeout_ms": lock_timeout_ms, "fence_attempts": fence_attempts})
         self.layout = layout
         self.shard = shard
         self.move_id = move_id
         self.target_name = target_name
-        self.tables = tuple(t if isinstance(t, MovedTable) else MovedTable(t) for t in tables)
-        if len({t.name for t in self.tables}) != len(self.tables):
-            raise InvalidArgumentError(f"tables {[t.name for t in self.tables]} name one twice")
         self.lock_timeout_ms = lock_timeout_ms
         self.fence_attempts = fence_attempts
         self.retry_pause_s = retry_pause_s

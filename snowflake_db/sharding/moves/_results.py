@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ...errors import FenceBlockedError, InvalidArgumentError, VerificationMismatchError
@@ -48,6 +49,32 @@ class MovedTable:
     def __post_init__(self) -> None:
         check_identifier("table", self.name, qualified=True)
         check_identifier("id column", self.id_column)
+
+
+#: A target's name in the shard map (and in the fence's refusal message).
+TARGET_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,63}$")
+
+
+def check_move_arguments(*, move_id: int, target_name: str,
+                         tables: Sequence[MovedTable | str],
+                         at_least_one: dict[str, int]) -> tuple[MovedTable, ...]:
+    """What every backend's constructor checks: the move's ID, the target's name, the tables
+    (as :class:`MovedTable`, none twice) and its positive int options (``{name: value}``);
+    one clear error each."""
+    if not isinstance(move_id, int) or isinstance(move_id, bool) or not 0 <= move_id < 2**63:
+        raise InvalidArgumentError(f"move_id {move_id!r} must be an int in [0, 2**63)")
+    if not isinstance(target_name, str) or not TARGET_NAME.match(target_name):
+        raise InvalidArgumentError(
+            f"target_name {target_name!r} must be 1-63 letters, digits or _ . : -")
+    if not tables:
+        raise InvalidArgumentError("tables is empty: a move needs at least one sharded table")
+    for name, value in at_least_one.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidArgumentError(f"{name} {value!r} must be an int >= 1")
+    moved = tuple(t if isinstance(t, MovedTable) else MovedTable(t) for t in tables)
+    if len({t.name for t in moved}) != len(moved):
+        raise InvalidArgumentError(f"tables {[t.name for t in moved]} name one twice")
+    return moved
 
 
 @dataclass(frozen=True)
