@@ -80,21 +80,17 @@ def conninfo(url: str) -> str:
 
 def load(shop: grow.GrowingShop, factory: Any, rows_per_shard: int) -> int:
     """Four customers per shard and ``rows_per_shard`` orders per shard with real IDs."""
-    from example_project.sqlalchemy_shop import Customer
     from snowflake_db.sharding import ShardRouter
 
     router = ShardRouter([SOURCE], layout=SHOP_LAYOUT)
     generator = snowflake_db.process.get_generator()
-    with factory() as session, session.begin():
-        customers = {shard: [Customer(id=router.new_id(shard=shard, generator=generator),
-                                      name=f"c{shard}-{n}") for n in range(4)]
-                     for shard in range(16)}
-        session.add_all(c for group in customers.values() for c in group)
+    customers = {shard: shard_customers(factory, shard, 4, prefix=f"c{shard}-")
+                 for shard in range(16)}
 
     def orders(shard: int) -> list[tuple[int, int, int]]:
         ids = router.new_ids(rows_per_shard, shard=shard, generator=generator)
         group = customers[shard]
-        return [(order_id, group[n % 4].id, 100 + n % 1000) for n, order_id in enumerate(ids)]
+        return [(order_id, group[n % 4], 100 + n % 1000) for n, order_id in enumerate(ids)]
 
     if shop.backend == "mariadb":
         with mariadb_connect(shop.urls[SOURCE]) as connection, connection.cursor() as cursor:
@@ -275,8 +271,8 @@ def run(args: argparse.Namespace) -> int:
                   pipe=(pipe_rows, pipe_s), capacity=capacity)
 
 
-def shard_customers(factory: Any, shard: int, count: int) -> list[int]:
-    """``count`` new customers on logical shard ``shard``."""
+def shard_customers(factory: Any, shard: int, count: int, prefix: str = "probe ") -> list[int]:
+    """``count`` new customers on logical shard ``shard`` (named ``prefix`` and a number)."""
     from example_project.sqlalchemy_shop import Customer
     from snowflake_db.sharding import ShardRouter
 
@@ -284,7 +280,7 @@ def shard_customers(factory: Any, shard: int, count: int) -> list[int]:
     generator = snowflake_db.process.get_generator()
     with factory() as session, session.begin():
         customers = [Customer(id=router.new_id(shard=shard, generator=generator),
-                              name=f"probe {n}") for n in range(count)]
+                              name=f"{prefix}{n}") for n in range(count)]
         session.add_all(customers)
     return [c.id for c in customers]
 
