@@ -31,7 +31,7 @@ from snowflake_db.worker import TableLease
 
 from ..plugins.database_delay import database_probing
 from ..plugins.databases import ScratchDatabase
-from ..plugins.scheduler_delay import SchedulerDelay, monotonic
+from ..plugins.scheduler_delay import SchedulerDelay, lapse_excuse, monotonic
 from ..plugins.worker_support import allocator, wait_for
 
 FROZEN_AT = datetime(2021, 4, 23, 13, 21, 46, tzinfo=UTC)
@@ -182,7 +182,7 @@ def test_a_leased_generator_renews_through_a_freeze_and_after_it(
         # cores did, "last renewed 2.4 s ago"; at load 21 the shared MariaDB did, this process
         # kept from running 0.02 s), while a renewal the freeze really stopped lapses with both
         # on time and fails here.
-        excuse = (LEASE_SECONDS - LEASE_SECONDS / 3) / 2
+        excuse = lapse_excuse(LEASE_SECONDS)
         for at, why in lapses:
             delayed = scheduler_delay.during(at - LEASE_SECONDS, at)
             slowest = database_delay.slowest(at - LEASE_SECONDS, at)

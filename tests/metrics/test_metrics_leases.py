@@ -26,7 +26,7 @@ from snowflake_db.worker import TableLease, TableWorkerAllocator
 from ..plugins.databases import ScratchDatabase
 from ..plugins.outage_support import LEASE_SECONDS as OUTAGE_LEASE_SECONDS
 from ..plugins.outage_support import STEADY_LEASE_SECONDS, Outage, Recorder, recording
-from ..plugins.scheduler_delay import SchedulerDelay
+from ..plugins.scheduler_delay import SchedulerDelay, lapse_excuse
 from ..plugins.worker_support import LEASE_SECONDS, allocator, expire_lease, wait_for
 
 #: 16 worker slots: small enough to read every count.
@@ -200,7 +200,7 @@ def _unfenced_before_the_cut(
     slack in the lease before it: a loaded scheduler (load 12-18 on 2 cores) let SQLite's
     1.5 s lease lapse, while a product that fences on a healthy database fails here on an
     idle machine. The outage's figures are then judged from this baseline."""
-    excuse = (lease_seconds - lease_seconds / 3) / 2
+    excuse = lapse_excuse(lease_seconds)
     for error, at in list(recorder.errors):
         if issubclass(error, WorkerLeaseError):
             delayed = scheduler_delay.during(at - lease_seconds, at)

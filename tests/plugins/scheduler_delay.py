@@ -140,6 +140,13 @@ class SchedulerDelay:
             return max((w - d for d, w in zip(self._due, self._woke, strict=True)), default=0.0)
 
 
+def lapse_excuse(lease_seconds: float) -> float:
+    """How long a test's process (and its database) must have been kept waiting in the lease
+    before a lapse to excuse it: half the slack between a renewal's due time (a third into
+    the lease) and the lease's end. A renewal that never ran lapses with far less."""
+    return (lease_seconds - lease_seconds / 3) / 2
+
+
 @contextmanager
 def probing() -> Iterator[SchedulerDelay]:
     """A probe running for the ``with`` block: for a helper that guards one wait."""
