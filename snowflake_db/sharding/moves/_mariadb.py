@@ -860,7 +860,10 @@ END"""
 
     def _copy_chunk(self, s: Any, t: Any, tables: Sequence[_Table],
                     progress: dict[str, tuple[int | None, int, bool]]) -> int:
-        """Copy the next chunk of the first table not done; rows copied (0: nothing left)."""
+        """Copy the next chunk of the first table not done; rows copied (0: nothing left).
+        A table whose last chunk is empty is marked done and the next one's chunk copied in
+        the same call: a 0 would tell the mover's wait there was nothing to do, and it would
+        pause before the next table."""
         for table in tables:
             last, _, done = progress.get(table.moved.name, (None, 0, False))
             if done:
@@ -885,7 +888,8 @@ END"""
             progress[table.moved.name] = (new_last, progress.get(table.moved.name,
                                                                  (None, 0, False))[1]
                                           + len(rows), finished)
-            return len(rows)
+            if rows:
+                return len(rows)
         return 0
 
     def _insert(self, t: Any, table: _Table, literals: Sequence[str | None]) -> None:
