@@ -1129,6 +1129,27 @@ def test_another_moves_triggers_on_the_target_are_allowed(pair: Pair) -> None:
     pair.assert_nothing_left()
 
 
+def test_advance_names_a_missing_changelog_or_progress_table(pair: Pair) -> None:
+    """advance() finds the move's own tables by reading them (no catalogue query first): a
+    missing one is still named, with the step to run."""
+    backend = pair.backend(shard=5)
+    backend.capture()
+    with pytest.raises(ShardMoveError, match=r"the copy has not started .* run copy first"):
+        backend.advance()
+    backend.copy()
+    pair.execute("source", f"DROP TABLE sfdb_changes_{backend.move_id}")
+    with pytest.raises(ShardMoveError, match=f"advance: no changelog sfdb_changes_"
+                                             f"{backend.move_id} on the source; run capture"):
+        backend.advance()
+    backend.capture()  # made again
+    assert backend.advance() > 0
+    backend.cleanup()
+    backend.unfence()
+    backend.delete_target_rows()
+    assert backend.leftovers() == Leftovers()
+    pair.assert_nothing_left()
+
+
 def test_arguments_of_the_wrong_kind_are_refused(pair: Pair) -> None:
     with pytest.raises(InvalidArgumentTypeError, match="not int"):
         pair.backend(source=5)
