@@ -735,19 +735,21 @@ END"""
             time.sleep(pause)  # the application's statements on the table go on meanwhile
             pause = min(pause * 1.5, _DDL_MAX_PAUSE_S)
 
-    def _ddl(self, conn: Any, statement: str, *, step: str, what: str, table: str) -> None:
+    def _ddl(self, conn: Any, statement: str, *, step: str, what: str, table: str,
+             side: str = "source") -> None:
         """:meth:`_bounded_ddl`, or a :class:`FenceBlockedError` of ``step`` naming ``what``
         was not done, the ``table`` whose metadata lock was never free, the time tried and
-        the source's open transactions."""
+        the open transactions on ``side``."""
         done, attempts, spent = self._bounded_ddl(conn, statement)
         if done:
             return
         blockers = self._open_transactions(conn)
         raise FenceBlockedError(
-            f"{step}: {what}: the metadata lock of {table} on the source "
-            f"{self._source.description} was held by another session at each of {attempts} "
-            f"attempts in {spent:.1f} s (ddl_timeout_s={self.ddl_timeout_s:g}; an attempt "
-            "takes the lock at once or gives up, so that no transaction queues behind it); "
+            f"{step}: {what}: the metadata lock of {table} on the {side} "
+            f"{self._connector(side).description} was held by another session at each of "
+            f"{attempts} attempts in {spent:.1f} s (ddl_timeout_s={self.ddl_timeout_s:g}; an "
+            "attempt takes the lock at once or gives up, so that no transaction queues behind "
+            "it); "
             f"open transactions there (any of them may hold it): {_describe(blockers)}; end "
             f"them or run {step} again at a quieter time", blockers=blockers)
 
@@ -1363,7 +1365,9 @@ END"""
             with self._target.session() as t:
                 self._resolve(t, "target", required=False)
                 if self._table_exists(t, "target", self.progress_name):
-                    _run(t, f"DROP TABLE IF EXISTS {self._progress()}")
+                    self._ddl(t, f"DROP TABLE IF EXISTS {self._progress()}", step="cleanup",
+                              what=f"table {self.progress_name} not dropped",
+                              table=self._progress(), side="target")
                     report.done.append(f"dropped {self.progress_name} on the target")
                 with suppress(pymysql.MySQLError):
                     _run(t, "DO RELEASE_LOCK(%s)", (self._lock_name,))
