@@ -789,3 +789,70 @@ def test_manage_py_shards_on_mariadb_aliases(servers: Servers) -> None:
             engine.dispose()
             with servers.source.connect() as connection, connection.cursor() as cursor:
                 cursor.execute(f"DROP DATABASE IF EXISTS {name}")
+
+
+# -- the journal on a MariaDB control database --------------------------------------------------
+
+
+def test_two_movers_journal_lines_at_once_never_deadlock(setup: Setup) -> None:
+    """Mover A appends two lines to the newest move's journal in one transaction (a step's
+    ``done`` and the next one's ``started``) while mover B writes a just created move's first
+    line. Numbered by ``INSERT ... SELECT MAX(seq) + 1``, each held a shared lock on the gap
+    after the last line that the other's insert needed: B waited for A, then A for B, and
+    InnoDB rolled one back (error 1213; seen on a move's plan line in a grow demo run). Read
+    plainly and inserted by value, neither waits."""
+    from snowflake_db.sharding.moves._journal import _append, create_move
+
+    tables = shard_map_tables(MetaData())
+    first = create_move(setup.control, tables, shard=1, source="a", target="b",
+                        backend="mariadb", token="ta", lease_ms=30_000, plan={})
+    second = create_move(setup.control, tables, shard=2, source="a", target="b",
+                         backend="mariadb", token="tb", lease_ms=30_000, plan={})
+    # The second move's row without its line yet, as create_move has it before its append:
+    # the newest line is then the first move's.
+    with setup.control.begin() as connection:
+        connection.execute(tables.move_steps.delete()
+                           .where(tables.move_steps.c.move_id == second))
+    errors: list[BaseException] = []
+    b_done = threading.Event()
+
+    def mover_b() -> None:
+        try:
+            with setup.control.begin() as connection:
+                _append(connection, tables, second, "plan", status="done")
+        except BaseException as error:  # reported below
+            errors.append(error)
+        finally:
+            b_done.set()
+
+    with setup.control.connect() as a:
+        with a.begin():
+            _append(a, tables, first, "check", status="done")
+            b = threading.Thread(target=mover_b, daemon=True)
+            b.start()
+
+            def b_waits_or_ended() -> bool:
+                if b_done.is_set():
+                    return True
+                with setup.control.connect() as probe:
+                    return bool(probe.exec_driver_sql(
+                        "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+                        "WHERE trx_state = 'LOCK WAIT'").scalar())
+            wait_until(b_waits_or_ended, timeout_s=30, what="mover B's line written or waiting")
+            try:
+                _append(a, tables, first, "capture", status="started")
+            except OperationalError as error:
+                errors.append(error)
+                raise AssertionError(f"mover A: {error.orig!r}") from None
+        b.join(30)
+    assert not b.is_alive()
+    assert errors == []
+    with setup.control.connect() as connection:
+        lines = connection.execute(
+            select(tables.move_steps.c.move_id, tables.move_steps.c.seq,
+                   tables.move_steps.c.step, tables.move_steps.c.status)
+            .where(tables.move_steps.c.move_id.in_([first, second]))
+            .order_by(tables.move_steps.c.move_id, tables.move_steps.c.seq)).all()
+    assert [tuple(line) for line in lines] == [
+        (first, 1, "plan", "done"), (first, 2, "check", "done"),
+        (first, 3, "capture", "started"), (second, 1, "plan", "done")]
