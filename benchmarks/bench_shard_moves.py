@@ -7,8 +7,8 @@ mariadb`` two throwaway ``mariadbd`` servers (no binary log, a buffer pool that 
 a control database (worker table and shard map) and the shop's tables with real Snowflake keys
 over 16 logical shards, all served by the first server. Loads ``--rows-per-shard`` orders per
 shard, starts ``--writers`` order PROCESSES (leased worker IDs, routing by the map, placing
-and updating orders through ``run_transaction``, which retries a write the fence refused, and
-again after a deadlock), measures their capacity (writes
+and updating orders through ``run_transaction``, which retries a write the fence refused;
+any other error ends the process and is reported), measures their capacity (writes
 one after the other) and then has them write on a schedule at ``--offered-share`` of it (0.5 by
 default: a shop's orders arrive at the rate customers place them, and its servers do not run
 flat out; the writers, both clusters and the mover share this machine's cores, so writers
@@ -26,9 +26,7 @@ doubled; the moving shard's pause (p99 latency of its writes begun between the f
 flip, minus its baseline p99; a fifth process, the probe, writes to that shard only, one write
 after the other) at most 1 s; the other shards' write rate during
 the move at least 0.8x the baseline on PostgreSQL, 0.7x on MariaDB (their p99 latency is shown
-beside it); the move's copy at least 0.5x the pipe's rows/s. Writes that ran again after a
-deadlock (on MariaDB the move's ``CREATE``/``DROP TRIGGER`` makes a transaction that read a
-moved table and then writes it a metadata-lock deadlock's victim) are counted and shown.
+beside it); the move's copy at least 0.5x the pipe's rows/s.
 """
 
 from __future__ import annotations
@@ -293,22 +291,6 @@ def measure_capacity(processes: grow.OrderProcesses, seconds: float) -> float:
     return (processes.acknowledged.value - before) / (time.monotonic() - started)
 
 
-def deadlocks_during(deadlocked: Sequence[grow.Write],
-                     journal: dict[str, tuple[float, float]]) -> str:
-    """How many of the deadlocked writes overlapped the move's ``capture`` (its triggers made)
-    and ``cleanup`` (its capture triggers dropped) steps, and how many neither."""
-    counts = dict.fromkeys(("capture", "cleanup"), 0)
-    elsewhere = 0
-    for write in deadlocked:
-        overlapping = [step for step in counts if step in journal
-                       and write.started <= journal[step][1]
-                       and journal[step][0] <= write.started + write.latency]
-        for step in overlapping:
-            counts[step] += 1
-        elsewhere += not overlapping
-    return f"during capture {counts['capture']}, cleanup {counts['cleanup']}, neither {elsewhere}"
-
-
 def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],
            probe_writes: list[grow.Write], problems: list[str], audit: grow.Audit,
            journal: dict[str, tuple[float, float]],
@@ -351,7 +333,6 @@ def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],
     lost = len(audit.lost) + len(audit.stale)
     doubled = len(audit.doubled) + len(audit.misplaced)
     moving_writes = len(moving)
-    deadlocked = [w for w in writes + probe_writes if w.deadlocks]
     rows = [
         ("backend", args.backend, "source and target: throwaway servers on this machine"),
         ("rows loaded (16 shards)", f"{loaded:,}", ""),
@@ -375,11 +356,6 @@ def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],
         ("other shards' write rate during / before", f"{other_ratio:.2f}x",
          f"target >= {other_target}x; {others_during:.0f}/s vs {others_before:.0f}/s; their "
          f"p99 {others_p99_during * 1000:.0f} ms vs {others_p99_before * 1000:.0f} ms"),
-        ("writes run again after a deadlock", f"{len(deadlocked)}",
-         f"{sum(w.deadlocks for w in deadlocked)} deadlocks in all, "
-         f"{max((w.deadlocks for w in deadlocked), default=0)} at most for one write; "
-         f"{sum(1 for w in deadlocked if w.shard == shard)} on shard {shard}; "
-         f"{deadlocks_during(deadlocked, journal)}"),
         (f"copy: the move's vs {pipe_name}", f"{copy_ratio:.2f}x",
          f"target >= 0.5x; {shard_rows:,} rows in {copy_s:.2f} s vs {pipe_rows:,} rows in "
          f"{pipe_s:.2f} s"),

@@ -205,58 +205,6 @@ class Write:
     latency: float
     total_cents: int
     items: int
-    #: times the write ran again after its transaction was a deadlock's victim
-    deadlocks: int = 0
-
-
-#: A deadlock victim's error: MariaDB's ``ER_LOCK_DEADLOCK`` (as every MySQL driver reports it,
-#: ``args[0]``) and PostgreSQL's SQLSTATE.
-DEADLOCK_ERRNO, DEADLOCK_SQLSTATE = 1213, "40P01"
-#: How many times an order process runs one write whose transaction was a deadlock's victim,
-#: and the pause before the second run (doubling, up to half a second: while a move's
-#: ``CREATE TRIGGER`` waits, at most ``lock_timeout_ms`` per attempt, a run at once deadlocks
-#: again).
-DEADLOCK_ATTEMPTS, DEADLOCK_PAUSE_S = 10, 0.02
-
-
-def deadlock_victim(error: BaseException) -> bool:
-    """Whether ``error`` (however SQLAlchemy wrapped it) says the transaction was chosen as a
-    deadlock's victim, and so rolled back whole.
-
-    On MariaDB a move's ``CREATE TRIGGER`` and ``DROP TRIGGER`` (capture, cleanup) wait for the
-    table's exclusive metadata lock; a transaction that read the table and then writes it asks
-    for a stronger lock behind that request, and MariaDB's metadata-lock deadlock detector
-    always picks the data change, not the DDL, as the victim (error 1213 at once). Any InnoDB
-    application retries deadlocks; so do the order processes.
-    """
-    pending: list[BaseException] = [error]
-    while pending:
-        current = pending.pop()
-        args = getattr(current, "args", ())
-        if (args and args[0] == DEADLOCK_ERRNO) or getattr(
-                current, "sqlstate", None) == DEADLOCK_SQLSTATE:
-            return True
-        pending.extend(inner for name in ("orig", "__cause__")
-                       if isinstance(inner := getattr(current, name, None), BaseException))
-    return False
-
-
-def run_write(factory: Any, work: Callable[[Any], Any], router: Any) -> tuple[Any, int]:
-    """``run_transaction(factory, work, router=router)`` (which retries the fence's refusals),
-    run again after a pause when it was a deadlock's victim (:func:`deadlock_victim`), at most
-    :data:`DEADLOCK_ATTEMPTS` times: its result and how many deadlocks it took."""
-    from snowflake_db.sqlalchemy.sharding import run_transaction
-
-    pause = DEADLOCK_PAUSE_S
-    for deadlocks in range(DEADLOCK_ATTEMPTS):
-        try:
-            return run_transaction(factory, work, router=router), deadlocks
-        except Exception as error:
-            if not deadlock_victim(error) or deadlocks + 1 == DEADLOCK_ATTEMPTS:
-                raise
-        time.sleep(pause)
-        pause = min(2 * pause, 0.5)
-    raise AssertionError("unreachable")
 
 
 def order_process(shop: GrowingShop, customers: list[int], seed: int, stop: Any,
@@ -265,13 +213,15 @@ def order_process(shop: GrowingShop, customers: list[int], seed: int, stop: Any,
                   ) -> None:
     """Place orders (one or two items) for random customers and update some of its own, until
     ``stop`` is set (or ``max_seconds``); every write through ``run_transaction``, so a write
-    the fence refused is retried on the shard's new server, and run again if it was a
-    deadlock's victim (:func:`run_write`). Puts its list of :class:`Write` on ``results``.
+    the fence refused is retried on the shard's new server; any other error ends the process
+    (reported by its exit code). Puts its list of :class:`Write` on ``results``.
 
     Writes follow each other after ``think_s``, as fast as the servers answer; while ``pace``
     (a shared ``Value('d')``) holds a positive rate, they start on a schedule of that many per
     second instead, as a shop's orders arrive: a write the servers held up is late, and a
     schedule more than 0.1 s behind is not caught up (the writes it missed are not made)."""
+    from snowflake_db.sqlalchemy.sharding import run_transaction
+
     from .sqlalchemy_shop import Order, OrderItem
     from .workers import configure_worker
 
@@ -301,7 +251,7 @@ def order_process(shop: GrowingShop, customers: list[int], seed: int, stop: Any,
                         order.total_cents = total
                         return 0
 
-                    _, deadlocks = run_write(factory, update, router)
+                    run_transaction(factory, update, router=router)
                     op, items = "update", 0
                 else:
                     customer = rng.choice(customers)
@@ -316,12 +266,12 @@ def order_process(shop: GrowingShop, customers: list[int], seed: int, stop: Any,
                         session.flush()
                         return order.id
 
-                    order_id, deadlocks = run_write(factory, place, router)
+                    order_id = run_transaction(factory, place, router=router)
                     mine.append(order_id)
                     op = "place"
                 latency = time.perf_counter() - clock
                 writes.append(Write(op, order_id, order_id & SHOP_LAYOUT.max_shard, started,
-                                    latency, total, items, deadlocks))
+                                    latency, total, items))
                 if acknowledged is not None:
                     with acknowledged.get_lock():
                         acknowledged.value += 1
@@ -543,15 +493,10 @@ def check_grown_shop(shop: GrowingShop, writes: Sequence[Write], moved: Mapping[
 
 
 def describe_writes(writes: Sequence[Write]) -> str:
-    """What the order processes acknowledged, and how many writes were deadlock victims."""
+    """What the order processes acknowledged."""
     placed = sum(1 for w in writes if w.op == "place")
     line = (f"{plural(placed, 'order')} placed and {plural(len(writes) - placed, 'update')} "
             f"acknowledged during the growth")
-    deadlocked = [w.deadlocks for w in writes if w.deadlocks]
-    if deadlocked:
-        line += (f"\n{plural(len(deadlocked), 'write')} ran again after a deadlock, "
-                 f"{max(deadlocked)} time(s) at most (on MariaDB: a move's CREATE or DROP TRIGGER "
-                 f"waited for a moved table's metadata lock)")
     return line
 
 

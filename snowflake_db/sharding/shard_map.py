@@ -652,6 +652,16 @@ def report_seen(
         if held is None:
             return False
         values = {"lease_token": lease_token, "map_version": version, "seen_at_ms": db_now_ms()}
+        if connection.dialect.name in ("mysql", "mariadb"):
+            # One upsert: InnoDB's UPDATE of a missing row locks the gap where it would be
+            # (REPEATABLE READ), so two processes reporting for the first time at once each
+            # waited for the other's INSERT into that gap, and one was rolled back (error 1213
+            # as the grow demo's order processes started). The upsert locks the row only.
+            from sqlalchemy.dialects.mysql import insert as mysql_insert
+
+            upsert = mysql_insert(tables.seen).values(worker_id=worker_id, **values)
+            connection.execute(upsert.on_duplicate_key_update(**values))
+            return True
         updated = connection.execute(
             update(tables.seen).where(tables.seen.c.worker_id == worker_id).values(**values)
         )

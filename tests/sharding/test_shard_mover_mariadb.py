@@ -789,3 +789,135 @@ def test_manage_py_shards_on_mariadb_aliases(servers: Servers) -> None:
             engine.dispose()
             with servers.source.connect() as connection, connection.cursor() as cursor:
                 cursor.execute(f"DROP DATABASE IF EXISTS {name}")
+
+
+# -- the journal on a MariaDB control database --------------------------------------------------
+
+
+def test_two_movers_journal_lines_at_once_never_deadlock(setup: Setup) -> None:
+    """Mover A appends two lines to the newest move's journal in one transaction (a step's
+    ``done`` and the next one's ``started``) while mover B writes a just created move's first
+    line. Numbered by ``INSERT ... SELECT MAX(seq) + 1``, each held a shared lock on the gap
+    after the last line that the other's insert needed: B waited for A, then A for B, and
+    InnoDB rolled one back (error 1213; seen on a move's plan line in a grow demo run). Read
+    plainly and inserted by value, neither waits."""
+    from snowflake_db.sharding.moves._journal import _append, create_move
+
+    tables = shard_map_tables(MetaData())
+    first = create_move(setup.control, tables, shard=1, source="a", target="b",
+                        backend="mariadb", token="ta", lease_ms=30_000, plan={})
+    second = create_move(setup.control, tables, shard=2, source="a", target="b",
+                         backend="mariadb", token="tb", lease_ms=30_000, plan={})
+    # The second move's row without its line yet, as create_move has it before its append:
+    # the newest line is then the first move's.
+    with setup.control.begin() as connection:
+        connection.execute(tables.move_steps.delete()
+                           .where(tables.move_steps.c.move_id == second))
+    errors: list[BaseException] = []
+    b_done = threading.Event()
+
+    def mover_b() -> None:
+        try:
+            with setup.control.begin() as connection:
+                _append(connection, tables, second, "plan", status="done")
+        except BaseException as error:  # reported below
+            errors.append(error)
+        finally:
+            b_done.set()
+
+    with setup.control.connect() as a:
+        with a.begin():
+            _append(a, tables, first, "check", status="done")
+            b = threading.Thread(target=mover_b, daemon=True)
+            b.start()
+
+            def b_waits_or_ended() -> bool:
+                if b_done.is_set():
+                    return True
+                with setup.control.connect() as probe:
+                    return bool(probe.exec_driver_sql(
+                        "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+                        "WHERE trx_state = 'LOCK WAIT'").scalar())
+            wait_until(b_waits_or_ended, timeout_s=30, what="mover B's line written or waiting")
+            try:
+                _append(a, tables, first, "capture", status="started")
+            except OperationalError as error:
+                errors.append(error)
+                raise AssertionError(f"mover A: {error.orig!r}") from None
+        b.join(30)
+    assert not b.is_alive()
+    assert errors == []
+    with setup.control.connect() as connection:
+        lines = connection.execute(
+            select(tables.move_steps.c.move_id, tables.move_steps.c.seq,
+                   tables.move_steps.c.step, tables.move_steps.c.status)
+            .where(tables.move_steps.c.move_id.in_([first, second]))
+            .order_by(tables.move_steps.c.move_id, tables.move_steps.c.seq)).all()
+    assert [tuple(line) for line in lines] == [
+        (first, 1, "plan", "done"), (first, 2, "check", "done"),
+        (first, 3, "capture", "started"), (second, 1, "plan", "done")]
+
+
+def test_processes_reporting_their_map_for_the_first_time_at_once_never_deadlock(
+    setup: Setup,
+) -> None:
+    """Three leases report the map they route with for the first time, A's two reports in
+    one transaction around B's. By UPDATE then INSERT, A's and B's UPDATEs of missing rows
+    each locked the gap the other's INSERT went into: B waited for A, A for B, and InnoDB
+    rolled one back (error 1213, an order process of the grow demo dead at its start). The
+    upsert locks the row only."""
+    from sqlalchemy import insert
+
+    from snowflake_db.sharding.shard_map import report_seen
+
+    slots = worker_tables(MetaData()).slots
+    with setup.control.begin() as connection:
+        now_ms = int(time.time() * 1000)
+        for worker in (11, 12, 13):
+            connection.execute(insert(slots).values(
+                worker_id=worker, lease_token=f"{worker}" * 16, expires_at_ms=now_ms + 120_000,
+                **{c.name: 0 if c.type.python_type is int else "" for c in slots.columns
+                   if c.name not in ("worker_id", "lease_token", "expires_at_ms")
+                   and not c.nullable and c.default is None and c.server_default is None}))
+    errors: list[BaseException] = []
+    b_done = threading.Event()
+
+    def process_b() -> None:
+        try:
+            with setup.control.begin() as connection:
+                report_seen(connection, worker_id=12, lease_token="12" * 16, version=1)
+        except BaseException as error:  # reported below
+            errors.append(error)
+        finally:
+            b_done.set()
+
+    with setup.control.connect() as a:
+        with a.begin():
+            assert report_seen(a, worker_id=11, lease_token="11" * 16, version=1)
+            b = threading.Thread(target=process_b, daemon=True)
+            b.start()
+
+            def b_waits_or_ended() -> bool:
+                if b_done.is_set():
+                    return True
+                with setup.control.connect() as probe:
+                    return bool(probe.exec_driver_sql(
+                        "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+                        "WHERE trx_state = 'LOCK WAIT'").scalar())
+            wait_until(b_waits_or_ended, timeout_s=30, what="B's report written or waiting")
+            try:
+                report_seen(a, worker_id=13, lease_token="13" * 16, version=1)
+            except OperationalError as error:
+                errors.append(error)
+        b.join(30)
+    assert not b.is_alive()
+    assert errors == []
+    with setup.control.connect() as connection:
+        seen = connection.exec_driver_sql(
+            "SELECT worker_id, map_version FROM snowflake_shard_map_seen WHERE worker_id "
+            "IN (11, 12, 13) ORDER BY worker_id").all()
+    assert [tuple(row) for row in seen] == [(11, 1), (12, 1), (13, 1)]
+    assert report_seen(setup.control, worker_id=12, lease_token="12" * 16, version=2)
+    with setup.control.connect() as connection:
+        assert connection.exec_driver_sql("SELECT map_version FROM snowflake_shard_map_seen "
+                                          "WHERE worker_id = 12").scalar() == 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -687,6 +688,170 @@ def test_mover_gone_after_each_step_leaves_nothing_after_cleanup(pair: Pair) -> 
         assert pair.rows("target", "orders", shard) == {}
 
 
+GONE_CAPTURE = textwrap.dedent("""
+    import sys
+    from snowflake_db import Layout
+    from snowflake_db.sharding.moves import MovedTable
+    from snowflake_db.sharding.moves._mariadb import MariaDBMoveBackend
+    source, target, move_id = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    MariaDBMoveBackend(
+        source=source, target=target, layout=Layout(sequence_bits=8, shard_bits=4), shard=5,
+        move_id=move_id, target_name="maria_b",
+        tables=[MovedTable("orders"), MovedTable("order_items")],
+        lock_timeout_ms=120_000, fence_attempts=1, ddl_timeout_s=120).capture()
+""")
+
+
+def _server_counter(pair: Pair, name: str) -> int:
+    return int(pair.query("source", "SHOW GLOBAL STATUS LIKE %s", (name,))[0][1])
+
+
+def test_a_capture_whose_mover_died_leaves_nothing_after_cleanup(pair: Pair) -> None:
+    """A mover SIGKILLed while its capture cannot get ``orders``' metadata lock (a transaction
+    that read the table is open), then unfence and cleanup by a new mover, then that
+    transaction ends: no trigger appears afterwards. A ``CREATE TRIGGER`` that waited for the
+    lock on the server (``lock_wait_timeout``, up to 120 s with these options) outlived its
+    client, was granted once the reader ended, after cleanup had listed the triggers, and
+    stayed behind (a fence trigger naming a fence table cleanup had dropped, so every write
+    of the shard then failed). The move's statements never wait for the lock now, and each of
+    its steps on the source holds the move's lock there, which the dead mover's session keeps
+    until its last statement has ended."""
+    move_id = 61
+    reader = pair.connect("source", autocommit=False)
+    try:
+        with reader.cursor() as cursor:
+            cursor.execute("SELECT id FROM orders LIMIT 1")  # its metadata lock, held
+        before = _server_counter(pair, "Com_create_trigger")
+        mover = subprocess.Popen(
+            [sys.executable, "-c", GONE_CAPTURE, pair.url("source"), pair.url("target"),
+             str(move_id)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            def trying() -> bool:
+                if mover.poll() is not None:
+                    output = mover.stdout.read().decode() if mover.stdout else ""
+                    raise AssertionError(f"the mover ended before it was killed:\n{output}")
+                return _server_counter(pair, "Com_create_trigger") > before
+            wait_until(trying, timeout_s=60, what="the mover's first CREATE TRIGGER")
+        finally:
+            os.kill(mover.pid, signal.SIGKILL)
+            mover.wait(30)
+        fresh = pair.backend(shard=5, move_id=move_id)
+        fresh.unfence()
+        assert fresh.cleanup().source_pending is False
+        reader.commit()
+    finally:
+        with suppress(pymysql.MySQLError):
+            reader.close()
+
+    def statements_left() -> list[Any]:
+        return pair.query("source", "SELECT ID, STATE, INFO FROM information_schema.PROCESSLIST "
+                                    "WHERE INFO LIKE 'SET STATEMENT lock_wait_timeout%%'")
+    wait_until(lambda: not statements_left(), timeout_s=60, what="no move statement running",
+               describe=statements_left)
+    assert fresh.leftovers() == Leftovers()
+    pair.assert_nothing_left()
+    pair.execute("source", "INSERT INTO orders (id, customer_id, total_cents) VALUES "
+                           f"({(7700 << 4) | 5}, 1, 1)")
+
+
+def test_capture_that_never_gets_the_lock_fails_naming_the_table_then_passes(
+    pair: Pair,
+) -> None:
+    """An open transaction that read ``orders``: the capture's attempts take the table's
+    metadata lock at once or give up, for ``ddl_timeout_s``, then the step fails naming the
+    table, the time and the transaction; the reader's writes afterwards pass (nothing queued
+    ahead of them). Once it commits, the capture completes."""
+    backend = pair.backend(shard=5, ddl_timeout_s=0.5)
+    reader = pair.connect("source", autocommit=False)
+    try:
+        with reader.cursor() as cursor:
+            cursor.execute("SELECT status FROM orders WHERE id = %s", ((1 << 4) | 1,))
+        with pytest.raises(FenceBlockedError) as blocked:
+            backend.capture()
+        message = str(blocked.value)
+        assert message.startswith(f"capture: trigger sfdb_fence_{backend.move_id}_i_orders not "
+                                  f"created on orders: the metadata lock of `{pair.db}`."
+                                  "`orders` on the source"), message
+        assert re.search(r"at each of \d+ attempts in 0\.\d s \(ddl_timeout_s=0\.5;", message)
+        assert [b.pid for b in blocked.value.blockers] == [reader.thread_id()]
+        with reader.cursor() as cursor:  # the read-then-write of another shard passes
+            cursor.execute("UPDATE orders SET status = 'after' WHERE id = %s", ((1 << 4) | 1,))
+        reader.commit()
+    finally:
+        with suppress(pymysql.MySQLError):
+            reader.close()
+    assert backend.capture()["triggers"] == 12
+    backend.cleanup()
+    backend.unfence()
+    assert backend.leftovers() == Leftovers()
+    pair.assert_nothing_left()
+
+
+def test_capture_and_cleanup_make_no_other_shards_transaction_a_deadlock_victim(
+    pair: Pair,
+) -> None:
+    """Three clients run transactions on the other shards that read an order, then update it
+    and add an item to it (the ORM's ``session.get`` before a change), while three moves of
+    shard 5 capture, clean up and unfence. A trigger statement that waited for the table's
+    metadata lock made such transactions deadlock victims (error 1213: 137-237 in five
+    rounds of capture and cleanup beside four such clients, measured); the move's statements
+    never wait for it, so every transaction commits."""
+    stop = threading.Event()
+    done: list[int] = [0, 0, 0]
+    errors: list[str] = []
+    others = [n for n in range(MASK + 1) if n != 5]
+
+    def client(n: int) -> None:
+        connection = pair.connect("source", autocommit=False)
+        try:
+            step = 0
+            while not stop.is_set() and step < 20_000:
+                step += 1
+                shard = others[(step + n) % len(others)]
+                seq = ((step * 7 + n * 13) % 180 + 1) * 16 + shard  # a loaded order's
+                order = (seq << 4) | shard
+                try:
+                    with connection.cursor() as cursor:
+                        cursor.execute("SELECT status FROM orders WHERE id = %s", (order,))
+                        cursor.fetchall()
+                        cursor.execute("UPDATE orders SET status = %s WHERE id = %s",
+                                       (f"c{n}-{step}", order))
+                        cursor.execute("INSERT INTO order_items (id, order_id, sku, qty, price) "
+                                       "VALUES (%s, %s, 'x', 1, 1)",
+                                       (((500_000 + n * 50_000 + step) << 4) | (order & MASK),
+                                        order))
+                    connection.commit()
+                    done[n] += 1
+                except pymysql.MySQLError as error:
+                    errors.append(repr(error.args))
+                    connection.rollback()
+                time.sleep(0.002)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: min(done) >= 20, timeout_s=60, what="the clients running")
+        for _ in range(3):
+            backend = pair.backend(shard=5)
+            start = list(done)
+            backend.capture()
+            backend.cleanup()
+            backend.unfence()
+            assert backend.leftovers() == Leftovers()
+            assert errors == []
+            assert sum(done) > sum(start)  # the clients went on meanwhile
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == [], errors[:5]
+    pair.assert_nothing_left()
+
+
 def test_cleanup_with_the_source_unreachable_then_back(pair: Pair) -> None:
     backend = pair.backend(shard=9)
     run_steps(backend, stop_after="synced")
@@ -964,6 +1129,27 @@ def test_another_moves_triggers_on_the_target_are_allowed(pair: Pair) -> None:
     pair.assert_nothing_left()
 
 
+def test_advance_names_a_missing_changelog_or_progress_table(pair: Pair) -> None:
+    """advance() finds the move's own tables by reading them (no catalogue query first): a
+    missing one is still named, with the step to run."""
+    backend = pair.backend(shard=5)
+    backend.capture()
+    with pytest.raises(ShardMoveError, match=r"the copy has not started .* run copy first"):
+        backend.advance()
+    backend.copy()
+    pair.execute("source", f"DROP TABLE sfdb_changes_{backend.move_id}")
+    with pytest.raises(ShardMoveError, match=f"advance: no changelog sfdb_changes_"
+                                             f"{backend.move_id} on the source; run capture"):
+        backend.advance()
+    backend.capture()  # made again
+    assert backend.advance() > 0
+    backend.cleanup()
+    backend.unfence()
+    backend.delete_target_rows()
+    assert backend.leftovers() == Leftovers()
+    pair.assert_nothing_left()
+
+
 def test_arguments_of_the_wrong_kind_are_refused(pair: Pair) -> None:
     with pytest.raises(InvalidArgumentTypeError, match="not int"):
         pair.backend(source=5)
@@ -971,6 +1157,9 @@ def test_arguments_of_the_wrong_kind_are_refused(pair: Pair) -> None:
         pair.backend(source="postgresql://postgres@127.0.0.1/x")
     with pytest.raises(InvalidArgumentError, match="chunk_rows 0"):
         pair.backend(chunk_rows=0)
+    for bad in (0, -1.5, True, "30", 3601):
+        with pytest.raises(InvalidArgumentError, match=r"ddl_timeout_s .* \(0, 3600\]"):
+            pair.backend(ddl_timeout_s=bad)
     with pytest.raises(InvalidArgumentError, match="position 'lsn:0/1'"):
         pair.backend().drained("lsn:0/1")
     latin1 = pymysql.connect(host="127.0.0.1", port=pair.servers.source.port, user="root",

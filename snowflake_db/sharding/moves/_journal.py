@@ -137,14 +137,29 @@ def _detail(detail: object) -> str | None:
 def _append(connection: Connection, tables: ShardMapTables, move_id: int, step: str, *,
             status: str, detail: object = None) -> None:
     """One journal line, numbered after the last one, in one statement (``INSERT ... SELECT``:
-    the cutover's journal lines are round trips inside the moving shard's pause)."""
+    the cutover's journal lines are round trips inside the moving shard's pause).
+
+    On MariaDB and MySQL in two: a plain read of the last number, then ``INSERT ... VALUES``.
+    There ``INSERT ... SELECT`` takes shared next-key locks on the rows and gaps it reads (in
+    REPEATABLE READ), so two movers appending to adjacent moves at once (the newest move's
+    first line reads the gap after the last one) each waited for the other's insert: InnoDB
+    rolled one back (error 1213 on a move's ``plan`` line in a grow demo of two concurrent
+    movers). One mover appends to a move at a time (its lease, whose row each journal
+    transaction updates first), so the plain read sees the last line."""
     steps = tables.move_steps
+    values = (literal(step, String), literal(status, String), literal(_detail(detail), String),
+              db_now_ms())
+    if connection.dialect.name in ("mysql", "mariadb"):
+        last = connection.execute(select(func.coalesce(func.max(steps.c.seq), 0))
+                                  .where(steps.c.move_id == move_id)).scalar_one()
+        connection.execute(insert(steps).from_select(
+            ["move_id", "seq", "step", "status", "detail", "at_ms"],
+            select(literal(move_id, BigInteger), literal(int(last) + 1, BigInteger), *values)))
+        return
     connection.execute(insert(steps).from_select(
         ["move_id", "seq", "step", "status", "detail", "at_ms"],
         select(
-            literal(move_id, BigInteger), func.coalesce(func.max(steps.c.seq), 0) + 1,
-            literal(step, String), literal(status, String),
-            literal(_detail(detail), String), db_now_ms(),
+            literal(move_id, BigInteger), func.coalesce(func.max(steps.c.seq), 0) + 1, *values,
         ).where(steps.c.move_id == move_id),
     ))
 

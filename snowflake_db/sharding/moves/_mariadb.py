@@ -20,7 +20,6 @@ Every object is named after the move (``sfdb_fence_<m>_<i|u|d>_<table>``,
 from __future__ import annotations
 
 import json
-import math
 import re
 import threading
 import time
@@ -76,8 +75,12 @@ WATCHED_ATTEMPT_S = 1.0
 _LOCK_VIEW_POLL_S = 0.15
 #: Seconds a new session of the move waits for the move's lock on the target (held by every
 #: session that writes the shard there: a mover killed mid-statement releases it when the
-#: server has finished that statement).
+#: server has finished that statement), and for its lock on the source (held by every step that
+#: creates or drops the move's objects there: see :meth:`MariaDBMoveBackend._ddl_lock`).
 COPY_LOCK_WAIT_S = 10
+#: The first and the longest pause between two attempts of a statement that creates or drops
+#: one of the move's objects (each attempt takes the metadata lock at once or gives up).
+_DDL_PAUSE_S, _DDL_MAX_PAUSE_S = 0.001, 0.025
 #: The changelog's ``seq`` of the row marking the first verification pass (the capture's own
 #: rows start at 2; the mark is also the only row in state ``_MARK``), and the changelog's
 #: ``applied`` states.
@@ -88,6 +91,9 @@ _EVENT_NAMES = {"i": "INSERT", "u": "UPDATE", "d": "DELETE"}
 #: What a bounded attempt's failure looks like: max_statement_time exceeded, lock wait timeout,
 #: deadlock (InnoDB chose the fencer as the victim).
 _GAVE_UP = frozenset({1969, 1205, 1213})
+#: ``ER_NO_SUCH_TABLE``: the copy's reads of the move's own tables find a missing one so, rather
+#: than by a catalogue query first (each :meth:`MariaDBMoveBackend.advance` made three).
+_NO_SUCH_TABLE = 1146
 _MAX_STATEMENT_BYTES = 4 << 20
 _ID_BATCH = 2000
 _DRAIN_BATCHES = 8
@@ -281,9 +287,10 @@ class MariaDBMoveBackend:
     ``target_name`` is the shard map's name of the target, written into the fence's error.
     List ``tables`` parents first: rows are deleted in the reverse order. ``chunk_rows`` bounds
     the rows one :meth:`advance` copies and the changes it applies; ``lock_timeout_ms`` bounds
-    each attempt to lock the fence row, retried ``fence_attempts`` times; a trigger statement
-    waits for its table's metadata lock in attempts of whole seconds within the same budget
-    (:attr:`ddl_wait_s`, :attr:`ddl_attempts`).
+    each attempt to lock the fence row, retried ``fence_attempts`` times. A statement that
+    creates or drops a trigger or a table of the move never waits for its table's metadata
+    lock: it takes it at once or gives up, and is tried again for up to ``ddl_timeout_s``
+    seconds (:meth:`_bounded_ddl` says why).
     """
 
     kind = "mariadb"
@@ -303,7 +310,13 @@ class MariaDBMoveBackend:
         fence_attempts: int = 50,
         chunk_rows: int = 2000,
         retry_pause_s: float = 0.05,
+        ddl_timeout_s: float = 30.0,
     ) -> None:
+        if not isinstance(ddl_timeout_s, int | float) or isinstance(ddl_timeout_s, bool) or not (
+            0 < ddl_timeout_s <= 3600
+        ):
+            raise InvalidArgumentError(f"ddl_timeout_s {ddl_timeout_s!r} must be a number of "
+                                       "seconds in (0, 3600]")
         self.tables = check_move_arguments(
             move_id=move_id, target_name=target_name, tables=tables,
             at_least_one={"lock_timeout_ms": lock_timeout_ms, "fence_attempts": fence_attempts,
@@ -316,6 +329,7 @@ class MariaDBMoveBackend:
         self.fence_attempts = fence_attempts
         self.chunk_rows = chunk_rows
         self.retry_pause_s = retry_pause_s
+        self.ddl_timeout_s = float(ddl_timeout_s)
         self.name = f"sfdb_move_{move_id}"
         self._source = MariaDBConnector(source, "source")
         self._target = MariaDBConnector(target, "target")
@@ -354,6 +368,12 @@ class MariaDBMoveBackend:
         """The move's lock on the target (``GET_LOCK`` names are server-wide: the target's
         database is part of it)."""
         return _object_name(f"sfdb_move_{self.move_id}", self._home("target"))
+
+    @property
+    def _ddl_lock_name(self) -> str:
+        """The move's lock on the source, held by each step that creates or drops its objects
+        there (the source's database is part of the name, as for :attr:`_lock_name`)."""
+        return _object_name(f"sfdb_ddl_{self.move_id}", self._home("source"))
 
     def fence_trigger_names(self, table: str) -> list[str]:
         return [_object_name(f"sfdb_fence_{self.move_id}_{e}", table) for e in _EVENTS]
@@ -589,43 +609,45 @@ class MariaDBMoveBackend:
         """Source: the fence table (its row not fenced), the changelog, then on every moved
         table the fence and capture triggers; rerunnable, returns the names to journal.
 
-        ``CREATE TRIGGER`` takes the table's exclusive metadata lock, so it waits for every
-        transaction that has used the table (readers too) and new statements on the table
-        queue behind it: each attempt's wait is bounded (:meth:`_bounded_ddl`: the fence's
-        budget in attempts of whole seconds) and retried. Once a table's triggers exist, every
-        change of
-        the shard's rows commits with its changelog row; every change committed before is
-        visible to the copy, which starts after this step.
+        ``CREATE TRIGGER`` takes the table's exclusive metadata lock, which no transaction
+        that has used the table (readers too) may hold: each attempt takes it at once or gives
+        up, retried for up to ``ddl_timeout_s`` (:meth:`_bounded_ddl`). The step runs under
+        the move's lock on the source (:meth:`_ddl_lock`). Once a table's triggers exist, every
+        change of the shard's rows commits with its changelog row; every change committed
+        before is visible to the copy, which starts after this step.
         """
         with self._source.session() as s:
             tables = self._resolve(s, "source")
-            _run(s, f"""CREATE TABLE IF NOT EXISTS {self._fence_table()} (
-                move_id BIGINT NOT NULL PRIMARY KEY, shard INT NOT NULL,
-                target VARCHAR(63) NOT NULL, fenced TINYINT NOT NULL) ENGINE=InnoDB""")
-            _run(s, f"INSERT IGNORE INTO {self._fence_table()} VALUES (%s, %s, %s, 0)",
-                 (self.move_id, self.shard, self.target_name))
-            _run(s, f"""CREATE TABLE IF NOT EXISTS {self._changelog()} (
-                seq BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
-                tbl VARCHAR(130) NOT NULL, id BIGINT NOT NULL,
-                applied TINYINT NOT NULL DEFAULT {_PENDING}, KEY pending (applied, seq)
-                ) ENGINE=InnoDB AUTO_INCREMENT={_MARK_SEQ + 1}""")
-            present = set(self._triggers(s, tables, "sfdb\\_fence")
-                          + self._triggers(s, tables, "sfdb\\_capture"))
-            statements = [(f"{table.name}.{name}", body) for table in tables
-                          for name, body in self._trigger_sql(table)
-                          if f"{table.name}.{name}" not in present]
-            for label, statement in statements:
-                if not self._bounded_ddl(s, statement):
-                    raise FenceBlockedError(
-                        f"capture: trigger {label} not created: its table's metadata lock was "
-                        f"not granted in {self._ddl_budget()} on the source "
-                        f"{self._source.description}; "
-                        f"open transactions there (any of them may hold it): "
-                        f"{_describe(self._open_transactions(s))}; end them and run capture "
-                        "again", blockers=self._open_transactions(s))
-            return {"changelog": f"{self._home('source')}.{self.changelog_name}",
-                    "fence_table": f"{self._home('source')}.{self.fence_table_name}",
-                    "triggers": len(tables) * 2 * len(_EVENTS)}
+            with self._ddl_lock(s, "capture"):
+                return self._capture(s, tables)
+
+    def _capture(self, s: Any, tables: Sequence[_Table]) -> dict[str, Any]:
+        # Once the triggers exist, every write of the moved tables opens both tables: a
+        # rerun's CREATE TABLE IF NOT EXISTS takes their metadata lock too.
+        self._ddl(s, f"""CREATE TABLE IF NOT EXISTS {self._fence_table()} (
+            move_id BIGINT NOT NULL PRIMARY KEY, shard INT NOT NULL,
+            target VARCHAR(63) NOT NULL, fenced TINYINT NOT NULL) ENGINE=InnoDB""",
+                  step="capture", what=f"table {self.fence_table_name} not created",
+                  table=self._fence_table())
+        _run(s, f"INSERT IGNORE INTO {self._fence_table()} VALUES (%s, %s, %s, 0)",
+             (self.move_id, self.shard, self.target_name))
+        self._ddl(s, f"""CREATE TABLE IF NOT EXISTS {self._changelog()} (
+            seq BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
+            tbl VARCHAR(130) NOT NULL, id BIGINT NOT NULL,
+            applied TINYINT NOT NULL DEFAULT {_PENDING}, KEY pending (applied, seq)
+            ) ENGINE=InnoDB AUTO_INCREMENT={_MARK_SEQ + 1}""",
+                  step="capture", what=f"table {self.changelog_name} not created",
+                  table=self._changelog())
+        present = set(self._triggers(s, tables, "sfdb\\_fence")
+                      + self._triggers(s, tables, "sfdb\\_capture"))
+        for table in tables:
+            for name, statement in self._trigger_sql(table):
+                if f"{table.name}.{name}" not in present:
+                    self._ddl(s, statement, step="capture", what=f"trigger {name} not "
+                              f"created on {table.moved.name}", table=table.sql)
+        return {"changelog": f"{self._home('source')}.{self.changelog_name}",
+                "fence_table": f"{self._home('source')}.{self.fence_table_name}",
+                "triggers": len(tables) * 2 * len(_EVENTS)}
 
     def _trigger_sql(self, table: _Table) -> list[tuple[str, str]]:
         """(name, CREATE TRIGGER) for the fence's three BEFORE triggers and the capture's three
@@ -674,32 +696,88 @@ END"""
                    f"{statement}")
         return self._attempts(conn, bounded, self.fence_attempts)
 
-    @property
-    def ddl_wait_s(self) -> int:
-        """Seconds one attempt of a trigger statement waits for its table's metadata lock:
-        ``lock_timeout_ms`` in whole seconds (``lock_wait_timeout`` takes no fraction)."""
-        return max(1, math.ceil(self.lock_timeout_ms / 1000))
+    def _bounded_ddl(self, conn: Any, statement: str) -> tuple[bool, int, float]:
+        """Run a statement that creates or drops a trigger or a table of the move, each
+        attempt taking the table's metadata lock at once or giving up (``lock_wait_timeout =
+        0``), tried again after a short pause (1 ms growing to 25 ms) for up to
+        ``ddl_timeout_s``: whether it ran, the attempts and the seconds spent.
 
-    @property
-    def ddl_attempts(self) -> int:
-        """Attempts of a trigger statement: the fence's budget (``fence_attempts`` times
-        ``lock_timeout_ms``) in attempts of :attr:`ddl_wait_s`."""
-        return max(1, math.ceil(self.fence_attempts * self.lock_timeout_ms / 1000
-                                / self.ddl_wait_s))
+        Never waiting in the lock's queue: a DDL statement waiting for a table's exclusive
+        metadata lock holds up every later statement on the table, and a transaction that
+        read the table and then writes it (any shard's) then waits for the DDL, which waits
+        for that transaction: MariaDB's deadlock detector picks the data change, not the DDL,
+        as the victim (error 1213; 137-237 victims in five capture-and-cleanup rounds beside
+        four read-then-write clients with attempts of ``lock_wait_timeout = 1``, none with
+        attempts that never wait). A statement that never waits also never outlives a mover
+        that died: nothing of it runs on after the mover's client is gone.
 
-    def _bounded_ddl(self, conn: Any, statement: str) -> bool:
-        """Run ``CREATE`` or ``DROP TRIGGER`` on a moved table, each attempt's wait for the
-        table's metadata lock bounded by :attr:`ddl_wait_s` (``lock_wait_timeout``), up to
-        :attr:`ddl_attempts`; whether it ran.
-
-        Never by ``max_statement_time``: the statement opens the table, which parses every
-        trigger of it, and an interruption during that parse leaves the opened table in the
-        table cache with a trigger marked broken, so that the next statement given it (the
+        Never bounded by ``max_statement_time``: the statement opens the table, which parses
+        every trigger of it, and an interruption during that parse leaves the opened table in
+        the table cache with a trigger marked broken, so that the next statement given it (the
         application's writes, of any shard) fails with 'Trigger ... has an error in its body'
-        (seen on MariaDB 10.11 under load; reproduced with 1 ms attempts).
-        ``lock_wait_timeout`` ends only the wait for the lock."""
-        bounded = f"SET STATEMENT lock_wait_timeout = {self.ddl_wait_s} FOR {statement}"
-        return self._attempts(conn, bounded, self.ddl_attempts)
+        (seen on MariaDB 10.11 under load; reproduced with 1 ms attempts). ``lock_wait_timeout``
+        ends only the wait for the lock."""
+        bounded = f"SET STATEMENT lock_wait_timeout = 0 FOR {statement}"
+        start = time.monotonic()
+        pause = _DDL_PAUSE_S
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                _run(conn, bounded)
+                return True, attempts, time.monotonic() - start
+            except pymysql.MySQLError as error:
+                if _errno(error) not in _GAVE_UP:
+                    raise
+            spent = time.monotonic() - start
+            if spent + pause > self.ddl_timeout_s:
+                return False, attempts, spent
+            time.sleep(pause)  # the application's statements on the table go on meanwhile
+            pause = min(pause * 1.5, _DDL_MAX_PAUSE_S)
+
+    def _ddl(self, conn: Any, statement: str, *, step: str, what: str, table: str,
+             side: str = "source") -> None:
+        """:meth:`_bounded_ddl`, or a :class:`FenceBlockedError` of ``step`` naming ``what``
+        was not done, the ``table`` whose metadata lock was never free, the time tried and
+        the open transactions on ``side``."""
+        done, attempts, spent = self._bounded_ddl(conn, statement)
+        if done:
+            return
+        blockers = self._open_transactions(conn)
+        raise FenceBlockedError(
+            f"{step}: {what}: the metadata lock of {table} on the {side} "
+            f"{self._connector(side).description} was held by another session at each of "
+            f"{attempts} attempts in {spent:.1f} s (ddl_timeout_s={self.ddl_timeout_s:g}; an "
+            "attempt takes the lock at once or gives up, so that no transaction queues behind "
+            "it); "
+            f"open transactions there (any of them may hold it): {_describe(blockers)}; end "
+            f"them or run {step} again at a quieter time", blockers=blockers)
+
+    @contextmanager
+    def _ddl_lock(self, conn: Any, step: str) -> Iterator[None]:
+        """Hold the move's lock on the source (:attr:`_ddl_lock_name`) on session ``conn``
+        for a step that creates or drops the move's objects there, waiting up to
+        :data:`COPY_LOCK_WAIT_S` for it.
+
+        A mover that died mid-step may leave its last statement running on the server (its
+        session ends only when that statement has); the lock is that session's until then, so
+        once a later step holds it, nothing the dead mover sent can still create an object
+        after this step has looked (a capture trigger created after the cleanup listed the
+        triggers stayed behind)."""
+        name = self._ddl_lock_name
+        got = _one(conn, "SELECT GET_LOCK(%s, %s)", (name, COPY_LOCK_WAIT_S))
+        if got != 1:
+            holder = _one(conn, "SELECT IS_USED_LOCK(%s)", (name,))
+            raise ShardMoveError(
+                f"{step}: the lock {name} on the source {self._source.description} is held by "
+                f"connection {holder} for {COPY_LOCK_WAIT_S} s: another step of move "
+                f"{self.move_id} is running there (stop its mover, or KILL {holder})")
+        try:
+            yield
+        finally:
+            if conn.open:
+                with suppress(pymysql.MySQLError):
+                    _run(conn, "DO RELEASE_LOCK(%s)", (name,))
 
     def _attempts(self, conn: Any, statement: str, attempts: int) -> bool:
         for _ in range(attempts):
@@ -711,9 +789,6 @@ END"""
                     raise
             time.sleep(self.retry_pause_s)  # the statements queued behind the attempt go on
         return False
-
-    def _ddl_budget(self) -> str:
-        return f"{self.ddl_attempts} attempts of {self.ddl_wait_s} s"
 
     def _capture_complete(self, s: Any, tables: Sequence[_Table]) -> bool:
         return (self._table_exists(s, "source", self.changelog_name)
@@ -743,11 +818,14 @@ END"""
     def _read_progress(self, t: Any) -> dict[str, tuple[int | None, int, bool]] | None:
         """Per table: the last copied ID (None: not started), rows copied, done; None when the
         copy has not started (no progress table)."""
-        if not self._table_exists(t, "target", self.progress_name):
+        try:
+            found = _rows(t, f"SELECT tbl, last_id, rows_copied, done FROM {self._progress()}")
+        except pymysql.MySQLError as error:
+            if _errno(error) != _NO_SUCH_TABLE:
+                raise
             return None
         return {str(tbl): (None if last is None else int(last), int(rows), bool(done))
-                for tbl, last, rows, done in _rows(
-                    t, f"SELECT tbl, last_id, rows_copied, done FROM {self._progress()}")}
+                for tbl, last, rows, done in found}
 
     def _lock_target(self, t: Any) -> None:
         """Hold the move's lock on the target session: one writer of the shard there at a
@@ -781,16 +859,16 @@ END"""
             if progress is None:
                 raise ShardMoveError("advance: the copy has not started (no progress table on "
                                      "the target); run copy first")
-            if not self._table_exists(s, "source", self.changelog_name):
-                raise ShardMoveError(f"advance: no changelog {self.changelog_name} on the "
-                                     "source; run capture first")
             with _bypassing(t, self.shard):
                 applied = self._apply_batch(s, t, tables, progress)
                 return applied + self._copy_chunk(s, t, tables, progress)
 
     def _copy_chunk(self, s: Any, t: Any, tables: Sequence[_Table],
                     progress: dict[str, tuple[int | None, int, bool]]) -> int:
-        """Copy the next chunk of the first table not done; rows copied (0: nothing left)."""
+        """Copy the next chunk of the first table not done; rows copied (0: nothing left).
+        A table whose last chunk is empty is marked done and the next one's chunk copied in
+        the same call: a 0 would tell the mover's wait there was nothing to do, and it would
+        pause before the next table."""
         for table in tables:
             last, _, done = progress.get(table.moved.name, (None, 0, False))
             if done:
@@ -815,7 +893,8 @@ END"""
             progress[table.moved.name] = (new_last, progress.get(table.moved.name,
                                                                  (None, 0, False))[1]
                                           + len(rows), finished)
-            return len(rows)
+            if rows:
+                return len(rows)
         return 0
 
     def _insert(self, t: Any, table: _Table, literals: Sequence[str | None]) -> None:
@@ -849,8 +928,14 @@ END"""
         is then. The changelog rows are deleted (kept as applied once the first verification
         pass marked the log) only after the target committed.
         """
-        pending = _rows(s, f"SELECT seq, tbl, id FROM {self._changelog()} WHERE applied = "
-                           f"{_PENDING} ORDER BY seq LIMIT %s", (self.chunk_rows,))
+        try:
+            pending = _rows(s, f"SELECT seq, tbl, id FROM {self._changelog()} WHERE applied = "
+                               f"{_PENDING} ORDER BY seq LIMIT %s", (self.chunk_rows,))
+        except pymysql.MySQLError as error:
+            if _errno(error) != _NO_SUCH_TABLE:
+                raise
+            raise ShardMoveError(f"advance: no changelog {self.changelog_name} on the source; "
+                                 "run capture first") from None
         if not pending:
             return 0
         by_name = {table.moved.name: table for table in tables}
@@ -1083,38 +1168,41 @@ END"""
 
     def unfence(self) -> list[str]:
         """Source: lower this move's fence, then drop its triggers and its row's table (an
-        abort, or an earlier move's fence on a server the shard comes back to). The triggers'
-        ``DROP`` waits for the table's metadata lock: bounded like the capture."""
+        abort, or an earlier move's fence on a server the shard comes back to). Each ``DROP``
+        takes its table's metadata lock at once or gives up, retried like the capture's, under
+        the move's lock on the source."""
         with self._source.session() as s:
             tables = self._resolve(s, "source", required=False)
-            present = self._triggers(s, tables, "sfdb\\_fence")
-            has_table = self._table_exists(s, "source", self.fence_table_name)
-            if has_table and self._fence_state(s) and not self._bounded(
-                s, f"UPDATE {self._fence_table()} SET fenced = 0 WHERE move_id = "
-                   f"{self.move_id}"
-            ):
-                raise FenceBlockedError(
-                    f"unfence: the fence row of move {self.move_id} was not locked in "
-                    f"{self.fence_attempts} attempts of {self.lock_timeout_ms} ms",
-                    blockers=self._open_transactions(s))
-            self._drop_triggers(s, tables, present, "unfence")
-            if has_table:
-                _run(s, f"DROP TABLE IF EXISTS {self._fence_table()}")
-                present.append(f"{self.fence_table_name} (table)")
-            return present
+            with self._ddl_lock(s, "unfence"):
+                return self._unfence(s, tables)
+
+    def _unfence(self, s: Any, tables: Sequence[_Table]) -> list[str]:
+        present = self._triggers(s, tables, "sfdb\\_fence")
+        has_table = self._table_exists(s, "source", self.fence_table_name)
+        if has_table and self._fence_state(s) and not self._bounded(
+            s, f"UPDATE {self._fence_table()} SET fenced = 0 WHERE move_id = "
+               f"{self.move_id}"
+        ):
+            raise FenceBlockedError(
+                f"unfence: the fence row of move {self.move_id} was not locked in "
+                f"{self.fence_attempts} attempts of {self.lock_timeout_ms} ms",
+                blockers=self._open_transactions(s))
+        self._drop_triggers(s, tables, present, "unfence")
+        if has_table:
+            self._ddl(s, f"DROP TABLE IF EXISTS {self._fence_table()}", step="unfence",
+                      what=f"table {self.fence_table_name} not dropped",
+                      table=self._fence_table())
+            present.append(f"{self.fence_table_name} (table)")
+        return present
 
     def _drop_triggers(self, conn: Any, tables: Sequence[_Table], names: Sequence[str],
                        step: str) -> None:
         schema = {table.name: table.schema for table in tables}
         for label in names:
             table, _, trigger = label.partition(".")
-            if not self._bounded_ddl(conn, f"DROP TRIGGER IF EXISTS "
-                                           f"{_q(schema[table])}.{_q(trigger)}"):
-                raise FenceBlockedError(
-                    f"{step}: trigger {label} not dropped: its table's metadata lock was not "
-                    f"granted in {self._ddl_budget()}; "
-                    f"open transactions: {_describe(self._open_transactions(conn))}; run "
-                    f"{step} again", blockers=self._open_transactions(conn))
+            self._ddl(conn, f"DROP TRIGGER IF EXISTS {_q(schema[table])}.{_q(trigger)}",
+                      step=step, what=f"trigger {trigger} not dropped from {table}",
+                      table=f"{_q(schema[table])}.{_q(table)}")
 
     def shard_fences_on_target(self) -> list[str]:
         """Target: the fence triggers of this shard on the moved tables, left by an earlier
@@ -1277,7 +1365,9 @@ END"""
             with self._target.session() as t:
                 self._resolve(t, "target", required=False)
                 if self._table_exists(t, "target", self.progress_name):
-                    _run(t, f"DROP TABLE IF EXISTS {self._progress()}")
+                    self._ddl(t, f"DROP TABLE IF EXISTS {self._progress()}", step="cleanup",
+                              what=f"table {self.progress_name} not dropped",
+                              table=self._progress(), side="target")
                     report.done.append(f"dropped {self.progress_name} on the target")
                 with suppress(pymysql.MySQLError):
                     _run(t, "DO RELEASE_LOCK(%s)", (self._lock_name,))
@@ -1287,12 +1377,16 @@ END"""
         try:
             with self._source.session() as s:
                 tables = self._resolve(s, "source", required=False)
-                triggers = self._triggers(s, tables, "sfdb\\_capture")
-                self._drop_triggers(s, tables, triggers, "cleanup")
-                report.done.extend(f"dropped trigger {name} on the source" for name in triggers)
-                if self._table_exists(s, "source", self.changelog_name):
-                    _run(s, f"DROP TABLE IF EXISTS {self._changelog()}")
-                    report.done.append(f"dropped {self.changelog_name} on the source")
+                with self._ddl_lock(s, "cleanup"):
+                    triggers = self._triggers(s, tables, "sfdb\\_capture")
+                    self._drop_triggers(s, tables, triggers, "cleanup")
+                    report.done.extend(f"dropped trigger {name} on the source"
+                                       for name in triggers)
+                    if self._table_exists(s, "source", self.changelog_name):
+                        self._ddl(s, f"DROP TABLE IF EXISTS {self._changelog()}",
+                                  step="cleanup", what=f"table {self.changelog_name} not "
+                                  "dropped", table=self._changelog())
+                        report.done.append(f"dropped {self.changelog_name} on the source")
                 self._marked = False
         except MoveServerUnreachableError as error:
             report.source_pending = True
