@@ -111,6 +111,7 @@ PROFILE_KINDS = {
     "fn_no_exception": "without the EXCEPTION block (no subtransaction per call)",
     "fn_no_lock": "without the advisory lock (unsafe: one session only)",
     "fn_no_setval": "without setval (state kept nowhere: unsafe, cost only)",
+    "fn_unlogged": "its state in an UNLOGGED sequence (setval writes no WAL; a crash resets it)",
 }
 
 
@@ -350,6 +351,12 @@ def _variant_sql(conn: Any, variant: str) -> str:
         source = re.sub(r"PERFORM pg_advisory_(un)?lock\([^)]*\);", "NULL;", source)
     elif variant == "fn_no_setval":
         source = re.sub(r"PERFORM setval\([^;]*;", "NULL;", source)
+    elif variant == "fn_unlogged":
+        conn.execute(text("CREATE UNLOGGED SEQUENCE fn_unlogged_state AS bigint MINVALUE -1 "
+                          "START WITH -1"))
+        conn.execute(text("SELECT setval('fn_unlogged_state', "
+                          "(SELECT last_value FROM snowflake_next_id_state), true)"))
+        source = source.replace("snowflake_next_id_state", "fn_unlogged_state")
     if source.count(f"{variant}()") != 1:
         raise RuntimeError(f"could not derive {variant} from the installed function")
     return source
@@ -440,6 +447,45 @@ def measure_bare_calls(server: Server, pool: Sessions, seconds: float) -> dict[s
         tally.add(pool.run(1, server.backend, server.dsn, sql, seconds), order=False)
         tallies[name] = tally
     return tallies
+
+
+def measure_server_side(server: Server, calls: int) -> dict[str, float]:
+    """Microseconds per row or call, timed by the server itself in a procedure that commits
+    after each one: the per-transaction cost without the client, its round trip or its
+    scheduling (which a busy machine makes noisy). Rows go into the raw SQL tables; calls are
+    ``PERFORM f()``, the function's copies included (alone in one session, so safe)."""
+    bodies = {
+        **{f"INSERT {server.kinds[key].name}":
+           f"INSERT INTO raw_{key} (customer_id, amount_cents) VALUES (1, 100)"
+           for key in ("bigserial", "function", "uuid7") if key in server.kinds},
+        "call nextval()": "PERFORM nextval('bare_seq')",
+        "call snowflake_next_id()": "PERFORM snowflake_next_id()",
+        **{f"call {variant}()": f"PERFORM {variant}()" for variant in PROFILE_KINDS},
+        "call uuidv7()": "PERFORM uuidv7()",
+    }
+    import psycopg
+
+    url = server.url
+    results: dict[str, float] = {}
+    with psycopg.connect(host=url.host, port=url.port, user=url.username,
+                         dbname=url.database, autocommit=True) as connection:
+        connection.execute("CREATE SEQUENCE IF NOT EXISTS bare_seq")
+        for index, statement in enumerate(bodies.values()):
+            connection.execute(
+                f"CREATE PROCEDURE per_tx_{index}(n integer, INOUT micros double precision "
+                "DEFAULT 0) LANGUAGE plpgsql AS $body$ DECLARE started timestamptz; BEGIN "
+                f"started := clock_timestamp(); FOR i IN 1..n LOOP {statement}; COMMIT; "
+                "END LOOP; micros := extract(epoch FROM clock_timestamp() - started) * 1e6; "
+                "END $body$"
+            )
+        for round_ in range(3):  # interleaved; the best of three rounds is kept
+            for index, name in enumerate(bodies):
+                row = connection.execute(f"CALL per_tx_{index}(%s)",
+                                         (calls if round_ else 200,)).fetchone()
+                if round_ and row is not None:
+                    per = float(row[0]) / calls
+                    results[name] = min(results.get(name, per), per)
+    return results
 
 
 # -- ORM ---------------------------------------------------------------------------------------
@@ -613,6 +659,7 @@ def main(argv: list[str] | None = None) -> int:
     orm: dict[int, dict[str, Tally]] = {}
     sizes: dict[str, tuple[int, float]] = {}
     bare: dict[str, Tally] = {}
+    per_tx: dict[str, float] = {}
     servers: list[Server] = []
     try:
         with pg18_server() as pg18_url:
@@ -632,6 +679,7 @@ def main(argv: list[str] | None = None) -> int:
             pg18 = next((s for s in servers if s.label == "PostgreSQL 18"), None)
             if pg18 is not None and args.profile:
                 bare = measure_bare_calls(pg18, pool, seconds * rounds / 2)
+                per_tx = measure_server_side(pg18, 2_000 if args.quick else 10_000)
             if pg18 is not None and "orm" not in skip:
                 objects = 2_000 if args.quick else 10_000
                 for per_commit in (1, 200):
@@ -678,6 +726,16 @@ def main(argv: list[str] | None = None) -> int:
                      bare.items()], left={0})
         print("variants (copies of the installed body, profiling only): "
               + "; ".join(f"{k}: {v}" for k, v in PROFILE_KINDS.items()) + "\n")
+    if per_tx:
+        print("PostgreSQL 18: server-side cost, one transaction per row or call (a procedure "
+              "that COMMITs each; best of 2 rounds)")
+        lines = []
+        for name, micros in per_tx.items():
+            base_name = "call nextval()" if name.startswith("call") else "INSERT BIGSERIAL"
+            base = per_tx.get(base_name, micros)
+            lines.append((name, f"{micros:.1f}", f"{micros - base:+.1f}"))
+        print_table(("per transaction", "µs", "vs nextval()/BIGSERIAL"), lines, left={0})
+        print()
     for per_commit, tallies in orm.items():
         print(f"PostgreSQL 18: SQLAlchemy ORM, {per_commit} object(s) per commit, one session")
         base = tallies["BIGSERIAL"].rate
