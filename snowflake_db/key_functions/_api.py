@@ -92,7 +92,7 @@ def drop_key_function(
         last_id = _postgres.last_issued_id(conn, spec)
         statements = _postgres.drop_function_sql(spec)
     else:
-        last_id = _mariadb.last_issued_id(conn, spec, layout)
+        last_id = _mariadb.last_issued_id(conn, spec)
         statements = _mariadb.drop_function_sql(spec)
     for statement in statements:
         conn.execute(text(statement))

@@ -5,24 +5,20 @@ MariaDB refuses a stored function in a column's ``DEFAULT`` (error 1901), hence 
 function's worker ID is a slot of the allocator's slots table reserved permanently, as on
 PostgreSQL (:mod:`._slots`).
 
-Concurrency: the state is a ``SEQUENCE`` whose ``NEXTVAL`` is atomic and non-transactional (seen
-by every session at once, never rolled back, never blocked by another session's open
-transaction). It counts in steps of one sequence value; ``SETVAL(seq, v, 0)`` only ever moves it
-forward (a lower value is ignored). So every ``NEXTVAL`` is a value no session ever got before,
-and uniqueness never depends on the clock or on a lock. The function
+Concurrency: the last issued ID lives in a one-row **Aria** table (``<name>_state``). Aria is
+not transactional: the update is seen by every session at once and never rolled back with the
+caller's transaction. A table used by a stored function is locked when the calling statement
+starts and unlocked when it ends (MariaDB's prelocking), so read-compute-update is atomic and
+writers serialise per *statement*, not per transaction. Measured before choosing: an InnoDB
+state row stays locked until the caller commits (a second session waited out
+``innodb_lock_wait_timeout``), and a ``SEQUENCE`` cannot hold the state because ``SETVAL``
+accepts only literals (no expression, variable or subquery) and a function cannot run dynamic
+SQL. ``GET_LOCK`` is not needed: the table lock already covers the statement.
 
-* takes ``NEXTVAL``; if it carries the function's worker bits and its tick is the current one (or
-  ahead, within the clock tolerance), that is the ID;
-* if its tick is behind the clock, moves the sequence to the start of the current tick with
-  ``SETVAL`` (the value taken is dropped) and takes again;
-* if the value has other worker bits, the tick's sequence part ran out and carried: such a value
-  is never issued; the function waits (bounded by ``max_wait_ms``) for the next tick, then moves
-  the sequence there;
-* refuses a tick more than ``rollback_tolerance_ms`` ahead of the clock (a clock behind its last
-  ID), as the Python generator does; the value taken is dropped, never issued later.
-
-No lock is held at any time, so writers in long transactions never serialise on the function.
-The clock is ``SYSDATE(6)`` (``NOW()`` is frozen for the whole statement inside a function).
+The sequence part never wraps inside a tick: an exhausted tick waits (bounded by
+``max_wait_ms``) for the next; a clock behind the last ID by more than the tolerance is refused,
+as the Python generator does. The clock is ``SYSDATE(6)`` (``NOW()`` is frozen for the whole
+statement inside a function; do not start the server with ``--sysdate-is-now``).
 """
 
 from __future__ import annotations
@@ -62,6 +58,10 @@ def _signal(message_sql: str) -> str:
     )
 
 
+def state_table(spec: FunctionSpec) -> str:
+    return spec.qualified(spec.sequence)
+
+
 def create_function_sql(
     spec: FunctionSpec,
     *,
@@ -71,21 +71,17 @@ def create_function_sql(
     rollback_tolerance_ms: int = DEFAULT_ROLLBACK_TOLERANCE_MS,
     max_wait_ms: int = 1000,
 ) -> list[str]:
-    """``CREATE SEQUENCE`` + ``SETVAL`` + ``CREATE FUNCTION``; every number is baked in.
+    """The state table, its row, and ``CREATE FUNCTION``; every number is baked in.
 
-    ``start_after`` is the last ID the slot may already have issued (see
-    :func:`._slots.floor_id`): the sequence starts one step above it, so a tick already used
-    by a previous holder of the slot looks exhausted and is waited out.
+    ``start_after`` is the pseudo last ID (see :func:`._slots.floor_id`); a state row left by
+    an earlier install is only ever moved forward.
     """
     layout.check_worker_id(worker_id)
     if rollback_tolerance_ms < 0 or max_wait_ms < 0:
         raise InvalidArgumentError("rollback_tolerance_ms and max_wait_ms must not be negative")
     fn = spec.qualified(spec.name)
-    seq = spec.qualified(spec.sequence)
-    step = 1 << layout.sequence_shift
-    start = max(start_after + step, 0)
+    state = state_table(spec)
     worker_part = worker_id << layout.worker_shift
-    worker_span = 1 << layout.worker_bits
     tolerance = rollback_tolerance_ms
     behind = _signal(
         "CONCAT('snowflake_db: clock moved backwards by ', (last_tick - now_tick) * "
@@ -98,48 +94,48 @@ def create_function_sql(
     too_late = _signal(
         "'snowflake_db: the clock did not reach the next tick in time; no ID was issued'"
     )
+    missing = _signal(
+        f"'snowflake_db: the state row of {spec.name}() is missing; no ID was issued'"
+    )
     body = f"""
 BEGIN
-    DECLARE now_tick BIGINT;
+    DECLARE last_id BIGINT DEFAULT NULL;
     DECLARE last_tick BIGINT;
+    DECLARE now_tick BIGINT;
     DECLARE new_id BIGINT;
-    DECLARE high BIGINT;
     DECLARE started_ms BIGINT DEFAULT FLOOR(UNIX_TIMESTAMP(SYSDATE(6)) * 1000);
     DECLARE message VARCHAR(255);
+    SELECT state.last_id INTO last_id FROM {state} AS state WHERE state.k = 1;
+    IF last_id IS NULL THEN
+        {missing}
+    END IF;
+    SET last_tick = IF(last_id < 0, -1, last_id DIV {1 << layout.time_shift});
     next_id: LOOP
         SET now_tick = (FLOOR(UNIX_TIMESTAMP(SYSDATE(6)) * 1000) - {layout.epoch_ms})
             DIV {layout.tick_ms};
         IF now_tick > {layout.max_tick} THEN
             {ran_out}
         END IF;
-        SET new_id = NEXTVAL({seq});
-        SET high = new_id DIV {1 << layout.worker_shift};
-        IF high MOD {worker_span} = {worker_id} THEN
-            SET last_tick = new_id DIV {1 << layout.time_shift};
-            IF last_tick >= now_tick THEN
-                IF (last_tick - now_tick) * {layout.tick_ms} > {tolerance} THEN
-                    {behind}
-                END IF;
-                RETURN new_id;
-            END IF;
-            -- behind the clock: start the current tick (the value taken is dropped)
-            DO SETVAL({seq}, now_tick * {1 << layout.time_shift} + {worker_part}, 0);
-        ELSE
-            -- the tick is used up (the sequence part carried): never issue a carried value
-            SET last_tick = (high - {worker_id} - 1) DIV {worker_span};
-            IF now_tick > last_tick THEN
-                DO SETVAL({seq}, now_tick * {1 << layout.time_shift} + {worker_part}, 0);
-            ELSE
-                IF (last_tick - now_tick) * {layout.tick_ms} > {tolerance} THEN
-                    {behind}
-                END IF;
-                IF FLOOR(UNIX_TIMESTAMP(SYSDATE(6)) * 1000) - started_ms > {max_wait_ms} THEN
-                    {too_late}
-                END IF;
-                DO SLEEP({_SLEEP_S});
-            END IF;
+        IF now_tick > last_tick THEN
+            SET new_id = now_tick * {1 << layout.time_shift} + {worker_part};
+            LEAVE next_id;
         END IF;
+        IF (last_tick - now_tick) * {layout.tick_ms} > {tolerance} THEN
+            {behind}
+        END IF;
+        IF (last_id DIV {1 << layout.sequence_shift}) MOD {layout.max_sequence + 1}
+                < {layout.max_sequence} THEN
+            SET new_id = last_id + {1 << layout.sequence_shift};
+            LEAVE next_id;
+        END IF;
+        -- this tick is used up: wait for the next one, never wrap the sequence
+        IF FLOOR(UNIX_TIMESTAMP(SYSDATE(6)) * 1000) - started_ms > {max_wait_ms} THEN
+            {too_late}
+        END IF;
+        DO SLEEP({_SLEEP_S});
     END LOOP next_id;
+    UPDATE {state} SET last_id = new_id WHERE k = 1;
+    RETURN new_id;
 END"""
     comment = (
         f"snowflake_db ID function: worker_id={worker_id} time_bits={layout.time_bits} "
@@ -147,9 +143,10 @@ END"""
         f"shard_bits={layout.shard_bits} epoch_ms={layout.epoch_ms} tick_ms={layout.tick_ms}"
     )
     return [
-        f"CREATE SEQUENCE IF NOT EXISTS {seq} START WITH {start} MINVALUE 0 "
-        f"INCREMENT BY {step} NOCACHE NOCYCLE",
-        f"SELECT SETVAL({seq}, {start}, 0)",  # a leftover sequence only ever moves forward
+        f"CREATE TABLE IF NOT EXISTS {state} (k TINYINT NOT NULL PRIMARY KEY, "
+        "last_id BIGINT NOT NULL) ENGINE=Aria TRANSACTIONAL=1",
+        f"INSERT INTO {state} (k, last_id) VALUES (1, {start_after}) "
+        f"ON DUPLICATE KEY UPDATE last_id = GREATEST(last_id, {start_after})",
         f"CREATE FUNCTION {fn}() RETURNS BIGINT NOT DETERMINISTIC MODIFIES SQL DATA "
         f"COMMENT '{comment}'{body}",
     ]
@@ -158,25 +155,23 @@ END"""
 def drop_function_sql(spec: FunctionSpec) -> list[str]:
     return [
         f"DROP FUNCTION IF EXISTS {spec.qualified(spec.name)}",
-        f"DROP SEQUENCE IF EXISTS {spec.qualified(spec.sequence)}",
+        f"DROP TABLE IF EXISTS {state_table(spec)}",
     ]
 
 
-def last_issued_id(conn: Connection, spec: FunctionSpec, layout: Layout) -> int | None:
-    """At most the last ID taken from the state sequence (``None`` if none or no sequence)."""
-    seq = spec.qualified(spec.sequence)
+def last_issued_id(conn: Connection, spec: FunctionSpec) -> int | None:
+    """The function's last ID (``None`` if it issued none or has no state table)."""
     exists = conn.scalar(
         text(
-            "SELECT COUNT(*) FROM information_schema.tables WHERE table_type = 'SEQUENCE' "
-            "AND table_schema = COALESCE(:schema, DATABASE()) AND table_name = :name"
+            "SELECT COUNT(*) FROM information_schema.tables "
+            "WHERE table_schema = COALESCE(:schema, DATABASE()) AND table_name = :name"
         ),
         {"schema": spec.schema, "name": spec.sequence},
     )
     if not exists:
         return None
-    upcoming = conn.scalar(text(f"SELECT next_not_cached_value FROM {seq}"))
-    value = int(upcoming or 0) - (1 << layout.sequence_shift)
-    return value if value > 0 else None
+    value = conn.scalar(text(f"SELECT last_id FROM {state_table(spec)} WHERE k = 1"))
+    return None if value is None or value < 0 else int(value)
 
 
 def trigger_name(table: str, column: str) -> str:

@@ -49,7 +49,8 @@ class FunctionSpec:
 
     @property
     def sequence(self) -> str:
-        """The sequence holding the function's state (its last or next ID)."""
+        """Where the function keeps its last ID: a sequence (PostgreSQL) or a one-row Aria
+        table (MariaDB) named ``<name>_state``."""
         return f"{self.name}_state"[:63]
 
     def quote(self, name: str) -> str:
