@@ -71,7 +71,9 @@ def test_raw_inserts_get_keys_and_given_keys_are_kept(db: ScratchDatabase) -> No
             conn.execute(text(f"INSERT INTO events (who) {series_sql(engine, 2000)}"))
             conn.execute(text("INSERT INTO events (id, who) VALUES (:i, 'given')"), {"i": given})
             if backend == "mariadb":  # the trigger also fills an explicit NULL or 0
-                conn.execute(text("INSERT INTO events (id, who) VALUES (NULL, 'null'), (0, 'zero')"))
+                conn.execute(
+                    text("INSERT INTO events (id, who) VALUES (NULL, 'null'), (0, 'zero')")
+                )
             rows = conn.execute(text("SELECT id, who FROM events")).all()
         assert len(rows) == 2005 + (2 if backend == "mariadb" else 0)
         made = [r.id for r in rows if r.who != "given"]
