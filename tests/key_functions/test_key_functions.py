@@ -275,3 +275,38 @@ def test_the_insert_path_never_needs_the_control_database(
     finally:
         control.dispose()
         engine.dispose()
+
+
+def test_shard_servers_each_get_their_own_slot(database_factory: Any) -> None:
+    """Two PostgreSQL and two MariaDB shard databases, one control database: four functions,
+    four reserved slots, keys that never collide."""
+    control_db: ScratchDatabase = database_factory("postgresql")
+    shards = [database_factory(b) for b in ("postgresql", "postgresql", "mariadb", "mariadb")]
+    control = create_engine(control_db.url)
+    engines = [create_engine(shard.url) for shard in shards]
+    try:
+        worker_tables_in(control)
+        workers = [install(engine, control_url=control_db.url_string) for engine in engines]
+        assert len(set(workers)) == 4
+        # a second install on the same shard finds its reservation by label: still 4 slots
+        with engines[2].begin() as conn:
+            conn.execute(text("DROP FUNCTION snowflake_next_id"))
+        assert install(engines[2], control_url=control_db.url_string) == workers[2]
+        labels = {s["label"]: s["worker_id"] for s in slots(control) if s["lease_token"]}
+        assert sorted(labels.values()) == sorted(workers)
+        assert {label.split(":")[0] for label in labels} == {
+            "postgresql-function", "mariadb-function"
+        }
+        ids = array("q")
+        for engine, worker_id in zip(engines, workers, strict=True):
+            keyed_table(engine)
+            with engine.begin() as conn:
+                conn.execute(text(f"INSERT INTO events (who) {series_sql(engine, 500)}"))
+                made = list(conn.scalars(text("SELECT id FROM events")))
+            assert {LAYOUT.decode(i).worker_id for i in made} == {worker_id}
+            ids.extend(made)
+        assert len(set(ids)) == len(ids) == 2000
+    finally:
+        control.dispose()
+        for engine in engines:
+            engine.dispose()
