@@ -45,6 +45,8 @@ __all__ = [
     "trigger_name",
 ]
 
+#: The state table's comment (how Alembic's ``include_object`` knows it).
+STATE_COMMENT = "snowflake_db key function state"
 #: SLEEP between looks at the clock while waiting for the next tick.
 _SLEEP_S = 0.0002
 #: MariaDB's largest identifier.
@@ -105,7 +107,7 @@ BEGIN
     DECLARE new_id BIGINT;
     DECLARE started_ms BIGINT DEFAULT FLOOR(UNIX_TIMESTAMP(SYSDATE(6)) * 1000);
     DECLARE message VARCHAR(255);
-    SELECT state.last_id INTO last_id FROM {state} AS state WHERE state.k = 1;
+    SELECT {state}.last_id INTO last_id FROM {state} WHERE {state}.k = 1;
     IF last_id IS NULL THEN
         {missing}
     END IF;
@@ -144,12 +146,16 @@ END"""
     )
     return [
         f"CREATE TABLE IF NOT EXISTS {state} (k TINYINT NOT NULL PRIMARY KEY, "
-        "last_id BIGINT NOT NULL) ENGINE=Aria TRANSACTIONAL=1",
+        f"last_id BIGINT NOT NULL) ENGINE=Aria TRANSACTIONAL=1 COMMENT '{STATE_COMMENT}'",
         f"INSERT INTO {state} (k, last_id) VALUES (1, {start_after}) "
         f"ON DUPLICATE KEY UPDATE last_id = GREATEST(last_id, {start_after})",
         f"CREATE FUNCTION {fn}() RETURNS BIGINT NOT DETERMINISTIC MODIFIES SQL DATA "
         f"COMMENT '{comment}'{body}",
     ]
+
+
+def is_state_table_comment(comment: str | None) -> bool:
+    return bool(comment) and str(comment).startswith(STATE_COMMENT)
 
 
 def drop_function_sql(spec: FunctionSpec) -> list[str]:
