@@ -310,3 +310,62 @@ def test_shard_servers_each_get_their_own_slot(database_factory: Any) -> None:
         control.dispose()
         for engine in engines:
             engine.dispose()
+
+
+def test_mariadb_statement_lock_meets_a_row_lock(mariadb_db: ScratchDatabase) -> None:
+    """The documented limit of the MariaDB function: its state table is locked for a whole
+    inserting statement. A statement that waits for a row lock (a foreign-key check on a parent
+    row another open transaction updated) holds it; when that transaction then inserts through
+    the trigger, it waits until ``innodb_lock_wait_timeout`` fails the first statement."""
+    engine = create_engine(mariadb_db.url, pool_size=2)
+    try:
+        worker_tables_in(engine)
+        install(engine)
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE p (id BIGINT NOT NULL PRIMARY KEY, n INT)"))
+            conn.execute(
+                text(
+                    "CREATE TABLE ch (id BIGINT NOT NULL PRIMARY KEY, p_id BIGINT NOT NULL, "
+                    "FOREIGN KEY (p_id) REFERENCES p (id))"
+                )
+            )
+            install_key_trigger(conn, "ch")
+            conn.execute(text("INSERT INTO p VALUES (1, 0)"))
+        outcome: list[str] = []
+        with engine.connect() as holder:
+            holder.execute(text("SET SESSION innodb_lock_wait_timeout = 1"))
+            holder.commit()
+            holder.begin()
+            holder.execute(text("UPDATE p SET n = n + 1 WHERE id = 1"))
+
+            def child() -> None:
+                with engine.connect() as conn:
+                    conn.execute(text("SET SESSION innodb_lock_wait_timeout = 1"))
+                    conn.commit()
+                    try:
+                        with conn.begin():
+                            conn.execute(text("INSERT INTO ch (p_id) VALUES (1)"))
+                        outcome.append("inserted")
+                    except DBAPIError as error:
+                        outcome.append(str(error.orig))
+
+            thread = threading.Thread(target=child)
+            thread.start()
+            while not _waiting_for_row_lock(engine):  # bounded: the child times out after 1 s
+                if not thread.is_alive():
+                    break
+            holder.execute(text("INSERT INTO ch (p_id) VALUES (1)"))  # waits for the child
+            holder.commit()
+            thread.join(30)
+        assert len(outcome) == 1 and "1205" in outcome[0], outcome
+        with engine.connect() as conn:
+            assert conn.scalar(text("SELECT COUNT(*) FROM ch")) == 1
+    finally:
+        engine.dispose()
+
+
+def _waiting_for_row_lock(engine: Any) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.scalar(text("SELECT COUNT(*) FROM information_schema.innodb_lock_waits"))
+        )
