@@ -13,7 +13,6 @@ from alembic.operations import ops
 from sqlalchemy import BigInteger, Integer, MetaData
 from sqlalchemy import inspect as sa_inspect
 
-from ..key_functions._mariadb import is_state_table_comment
 from ..sharding.shard_map import TABLE_NAMES as SHARD_MAP_TABLES
 from ..sqlalchemy.columns import is_snowflake_column
 from ..worker._schema import (
@@ -40,14 +39,9 @@ def include_object(
 ) -> bool:
     """``context.configure(include_object=...)`` filter that ignores the worker and shard map
     tables when they exist only in the database (created by
-    ``op.create_snowflake_worker_tables()`` / ``op.create_snowflake_shard_map_tables()``), and
-    the state table of a MariaDB key function (``op.create_snowflake_id_function()``, known by
-    its table comment), so autogenerate does not propose dropping them."""
-    if not (type_ == "table" and reflected and compare_to is None):
-        return True
-    if name in _WORKER_TABLES:
-        return False
-    return not is_state_table_comment(getattr(obj, "comment", None))
+    ``op.create_snowflake_worker_tables()`` / ``op.create_snowflake_shard_map_tables()``), so
+    autogenerate does not propose dropping them."""
+    return not (type_ == "table" and reflected and compare_to is None and name in _WORKER_TABLES)
 
 
 def _model_column(

@@ -54,15 +54,18 @@ def install_key_function(
     builder = _postgres.create_function_sql if backend == "postgresql" else (
         _mariadb.create_function_sql
     )
+    start_after = floor_id(layout, worker_id, high_water_ms)
     for statement in builder(
         spec,
         layout=layout,
         worker_id=worker_id,
-        start_after=floor_id(layout, worker_id, high_water_ms),
+        start_after=start_after,
         rollback_tolerance_ms=rollback_tolerance_ms,
         max_wait_ms=max_wait_ms,
     ):
         conn.execute(text(statement))
+    if backend == "mariadb":  # sequences kept from an earlier install only move forward
+        _mariadb.move_forward(conn, spec, layout, start_after)
     return worker_id
 
 
@@ -92,8 +95,8 @@ def drop_key_function(
         last_id = _postgres.last_issued_id(conn, spec)
         statements = _postgres.drop_function_sql(spec)
     else:
-        last_id = _mariadb.last_issued_id(conn, spec)
-        statements = _mariadb.drop_function_sql(spec)
+        last_id = _mariadb.last_issued_id(conn, spec, layout)
+        statements = _mariadb.drop_function_sql(spec, layout)
     for statement in statements:
         conn.execute(text(statement))
     if not release_worker:

@@ -5,15 +5,25 @@ MariaDB refuses a stored function in a column's ``DEFAULT`` (error 1901), hence 
 function's worker ID is a slot of the allocator's slots table reserved permanently, as on
 PostgreSQL (:mod:`._slots`).
 
-Concurrency: the last issued ID lives in a one-row **Aria** table (``<name>_state``). Aria is
-not transactional: the update is seen by every session at once and never rolled back with the
-caller's transaction. A table used by a stored function is locked when the calling statement
-starts and unlocked when it ends (MariaDB's prelocking), so read-compute-update is atomic and
-writers serialise per *statement*, not per transaction. Measured before choosing: an InnoDB
-state row stays locked until the caller commits (a second session waited out
-``innodb_lock_wait_timeout``), and a ``SEQUENCE`` cannot hold the state because ``SETVAL``
-accepts only literals (no expression, variable or subquery) and a function cannot run dynamic
-SQL. ``GET_LOCK`` is not needed: the table lock already covers the statement.
+**State.** The function's position is a *packed* number ``tick * 2**sequence_bits + sequence``
+(the next ID's time and sequence parts; the worker part is a constant). It is the sum of the
+``next_not_cached_value`` of a few ``SEQUENCE`` objects: ``<name>_state`` counts IDs (step 1) and
+``<name>_state_<k>`` jump ahead in steps of ``unit * RADIX**k``. ``NEXTVAL`` is atomic and not
+transactional: seen by every session at once, never rolled back, never blocked by another
+session's open transaction or running statement. What was measured before choosing it:
+
+* ``SETVAL`` accepts only literals (no expression, variable or subquery) and a function cannot
+  run dynamic SQL, so one sequence cannot be moved to the current tick;
+* an ``INSERT`` into a sequence, or an InnoDB state row, stays locked until the caller commits;
+* an Aria (or MyISAM, MEMORY) state table is locked for the whole calling statement (MariaDB's
+  prelocking), including its commit: 8 sessions inserting through it ran at 0.06x
+  ``AUTO_INCREMENT``, and a statement waiting for a row lock held every other writer until
+  ``innodb_lock_wait_timeout``.
+
+**Atomicity.** ``GET_LOCK`` (a user-level lock, not part of any transaction) makes
+read-compute-advance atomic; it is held only while one ID is computed and released at once,
+also on error (an exit handler). Moving to a new tick adds at most ``RADIX - 1`` steps per
+level, rounded up to ``unit`` (half a tick's sequence numbers; those below are skipped).
 
 The sequence part never wraps inside a tick: an exhausted tick waits (bounded by
 ``max_wait_ms``) for the next; a clock behind the last ID by more than the tolerance is refused,
@@ -25,7 +35,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 
 from ..errors import InvalidArgumentError
 from ..generator import DEFAULT_ROLLBACK_TOLERANCE_MS
@@ -42,26 +52,71 @@ __all__ = [
     "drop_function_sql",
     "drop_trigger_sql",
     "last_issued_id",
+    "move_forward",
     "trigger_name",
 ]
 
-#: The state table's comment (how Alembic's ``include_object`` knows it).
-STATE_COMMENT = "snowflake_db key function state"
+#: Each jump level is this many times the one below (steps per level: at most RADIX - 1).
+RADIX = 32
 #: SLEEP between looks at the clock while waiting for the next tick.
 _SLEEP_S = 0.0002
 #: MariaDB's largest identifier.
 _MAX_NAME = 64
+#: Seconds a call waits for another session's computation before it gives up.
+_LOCK_WAIT_S = 10
 
 
 def _signal(message_sql: str) -> str:
     return (
         f"SET message = {message_sql};\n"
+        "            DO RELEASE_LOCK(lock_name);\n"
         "            SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = message;"
     )
 
 
-def state_table(spec: FunctionSpec) -> str:
-    return spec.qualified(spec.sequence)
+def unit(layout: Layout) -> int:
+    """The smallest jump, in sequence numbers: half a tick's (1 without sequence bits)."""
+    return max(1, (layout.max_sequence + 1) // 2)
+
+
+def levels(layout: Layout) -> int:
+    """How many jump levels cover every tick of the layout."""
+    span = (layout.max_tick + 1) * (layout.max_sequence + 1) // unit(layout)
+    count = 1
+    while RADIX**count < span:
+        count += 1
+    return count
+
+
+def counter_name(spec: FunctionSpec) -> str:
+    return spec.sequence
+
+
+def level_name(spec: FunctionSpec, level: int) -> str:
+    return f"{spec.sequence[:55]}_{level}"
+
+
+def _names(spec: FunctionSpec, layout: Layout) -> list[str]:
+    return [counter_name(spec)] + [level_name(spec, k) for k in range(levels(layout))]
+
+
+def packed(layout: Layout, snowflake_id: int) -> int:
+    """An ID's time and sequence parts as one number (``tick * 2**sequence_bits + seq``)."""
+    if snowflake_id < 0:
+        return -1
+    tick = snowflake_id >> layout.time_shift
+    return tick * (layout.max_sequence + 1) + (
+        (snowflake_id >> layout.sequence_shift) & layout.max_sequence
+    )
+
+
+def unpacked(layout: Layout, value: int, worker_id: int) -> int:
+    tick, sequence = divmod(value, layout.max_sequence + 1)
+    return (
+        tick << layout.time_shift
+        | worker_id << layout.worker_shift
+        | sequence << layout.sequence_shift
+    )
 
 
 def create_function_sql(
@@ -73,17 +128,21 @@ def create_function_sql(
     rollback_tolerance_ms: int = DEFAULT_ROLLBACK_TOLERANCE_MS,
     max_wait_ms: int = 1000,
 ) -> list[str]:
-    """The state table, its row, and ``CREATE FUNCTION``; every number is baked in.
+    """The state sequences and ``CREATE FUNCTION``; every number is baked in.
 
-    ``start_after`` is the pseudo last ID (see :func:`._slots.floor_id`); a state row left by
-    an earlier install is only ever moved forward.
+    ``start_after`` is the pseudo last ID (see :func:`._slots.floor_id`). Sequences left by an
+    earlier install are kept (``IF NOT EXISTS``): :func:`move_forward` then moves them on.
     """
     layout.check_worker_id(worker_id)
     if rollback_tolerance_ms < 0 or max_wait_ms < 0:
         raise InvalidArgumentError("rollback_tolerance_ms and max_wait_ms must not be negative")
     fn = spec.qualified(spec.name)
-    state = state_table(spec)
-    worker_part = worker_id << layout.worker_shift
+    per_tick = layout.max_sequence + 1
+    step = unit(layout)
+    names = _names(spec, layout)
+    sequences = [spec.qualified(name) for name in names]
+    total = " + ".join(f"{seq}.next_not_cached_value" for seq in sequences)
+    lock = f"snowflake_db:{spec.name}@"
     tolerance = rollback_tolerance_ms
     behind = _signal(
         "CONCAT('snowflake_db: clock moved backwards by ', (last_tick - now_tick) * "
@@ -96,22 +155,37 @@ def create_function_sql(
     too_late = _signal(
         "'snowflake_db: the clock did not reach the next tick in time; no ID was issued'"
     )
-    missing = _signal(
-        f"'snowflake_db: the state row of {spec.name}() is missing; no ID was issued'"
+    jumps = "\n".join(
+        f"""            SET steps = (units DIV {RADIX**k}) MOD {RADIX};
+            WHILE steps > 0 DO
+                SET ignored = NEXTVAL({sequences[k + 1]});
+                SET steps = steps - 1;
+            END WHILE;"""
+        for k in reversed(range(len(sequences) - 1))
     )
     body = f"""
 BEGIN
-    DECLARE last_id BIGINT DEFAULT NULL;
+    DECLARE lock_name VARCHAR(64) DEFAULT LEFT(CONCAT('{lock}', DATABASE()), 64);
+    DECLARE next_value BIGINT;
     DECLARE last_tick BIGINT;
     DECLARE now_tick BIGINT;
-    DECLARE new_id BIGINT;
+    DECLARE units BIGINT;
+    DECLARE steps BIGINT;
+    DECLARE ignored BIGINT;
     DECLARE started_ms BIGINT DEFAULT FLOOR(UNIX_TIMESTAMP(SYSDATE(6)) * 1000);
     DECLARE message VARCHAR(255);
-    SELECT {state}.last_id INTO last_id FROM {state} WHERE {state}.k = 1;
-    IF last_id IS NULL THEN
-        {missing}
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION
+    BEGIN
+        DO RELEASE_LOCK(lock_name);
+        RESIGNAL;
+    END;
+    IF COALESCE(GET_LOCK(lock_name, {_LOCK_WAIT_S}), 0) = 0 THEN
+        SET message = CONCAT('snowflake_db: another session held {spec.name}() for ',
+            '{_LOCK_WAIT_S} s; no ID was issued');
+        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = message;
     END IF;
-    SET last_tick = IF(last_id < 0, -1, last_id DIV {1 << layout.time_shift});
+    SELECT {total} INTO next_value FROM {", ".join(sequences)};
+    SET last_tick = IF(next_value < 1, -1, (next_value - 1) DIV {per_tick});
     next_id: LOOP
         SET now_tick = (FLOOR(UNIX_TIMESTAMP(SYSDATE(6)) * 1000) - {layout.epoch_ms})
             DIV {layout.tick_ms};
@@ -119,15 +193,16 @@ BEGIN
             {ran_out}
         END IF;
         IF now_tick > last_tick THEN
-            SET new_id = now_tick * {1 << layout.time_shift} + {worker_part};
+            -- a new tick: jump to its start, rounded up to whole units
+            SET units = (now_tick * {per_tick} - next_value + {step - 1}) DIV {step};
+{jumps}
+            SET next_value = next_value + units * {step};
             LEAVE next_id;
         END IF;
         IF (last_tick - now_tick) * {layout.tick_ms} > {tolerance} THEN
             {behind}
         END IF;
-        IF (last_id DIV {1 << layout.sequence_shift}) MOD {layout.max_sequence + 1}
-                < {layout.max_sequence} THEN
-            SET new_id = last_id + {1 << layout.sequence_shift};
+        IF next_value MOD {per_tick} <> 0 THEN
             LEAVE next_id;
         END IF;
         -- this tick is used up: wait for the next one, never wrap the sequence
@@ -136,48 +211,80 @@ BEGIN
         END IF;
         DO SLEEP({_SLEEP_S});
     END LOOP next_id;
-    UPDATE {state} SET last_id = new_id WHERE k = 1;
-    RETURN new_id;
+    SET ignored = NEXTVAL({sequences[0]});
+    DO RELEASE_LOCK(lock_name);
+    RETURN (next_value DIV {per_tick}) * {1 << layout.time_shift}
+        + {worker_id << layout.worker_shift}
+        + (next_value MOD {per_tick}) * {1 << layout.sequence_shift};
 END"""
     comment = (
         f"snowflake_db ID function: worker_id={worker_id} time_bits={layout.time_bits} "
         f"worker_bits={layout.worker_bits} sequence_bits={layout.sequence_bits} "
         f"shard_bits={layout.shard_bits} epoch_ms={layout.epoch_ms} tick_ms={layout.tick_ms}"
     )
-    return [
-        f"CREATE TABLE IF NOT EXISTS {state} (k TINYINT NOT NULL PRIMARY KEY, "
-        f"last_id BIGINT NOT NULL) ENGINE=Aria TRANSACTIONAL=1 COMMENT '{STATE_COMMENT}'",
-        f"INSERT INTO {state} (k, last_id) VALUES (1, {start_after}) "
-        f"ON DUPLICATE KEY UPDATE last_id = GREATEST(last_id, {start_after})",
+    start = packed(layout, start_after) + 1
+    statements = [
+        f"CREATE SEQUENCE IF NOT EXISTS {sequences[0]} START WITH {start} MINVALUE 0 "
+        "INCREMENT BY 1 NOCACHE NOCYCLE"
+    ]
+    statements += [
+        f"CREATE SEQUENCE IF NOT EXISTS {seq} START WITH 0 MINVALUE 0 "
+        f"INCREMENT BY {step * RADIX**k} NOCACHE NOCYCLE"
+        for k, seq in enumerate(sequences[1:])
+    ]
+    statements.append(
         f"CREATE FUNCTION {fn}() RETURNS BIGINT NOT DETERMINISTIC MODIFIES SQL DATA "
-        f"COMMENT '{comment}'{body}",
-    ]
-
-
-def is_state_table_comment(comment: str | None) -> bool:
-    return bool(comment) and str(comment).startswith(STATE_COMMENT)
-
-
-def drop_function_sql(spec: FunctionSpec) -> list[str]:
-    return [
-        f"DROP FUNCTION IF EXISTS {spec.qualified(spec.name)}",
-        f"DROP TABLE IF EXISTS {state_table(spec)}",
-    ]
-
-
-def last_issued_id(conn: Connection, spec: FunctionSpec) -> int | None:
-    """The function's last ID (``None`` if it issued none or has no state table)."""
-    exists = conn.scalar(
-        text(
-            "SELECT COUNT(*) FROM information_schema.tables "
-            "WHERE table_schema = COALESCE(:schema, DATABASE()) AND table_name = :name"
-        ),
-        {"schema": spec.schema, "name": spec.sequence},
+        f"COMMENT '{comment}'{body}"
     )
-    if not exists:
+    return statements
+
+
+def _next_value(conn: Connection, spec: FunctionSpec, layout: Layout) -> int | None:
+    """The packed value of the function's next ID (``None`` without its sequences)."""
+    names = _names(spec, layout)
+    found = conn.scalar(
+        text(
+            "SELECT COUNT(*) FROM information_schema.tables WHERE table_type = 'SEQUENCE' "
+            "AND table_schema = COALESCE(:schema, DATABASE()) AND table_name IN :names"
+        ).bindparams(bindparam("names", expanding=True)),
+        {"schema": spec.schema, "names": tuple(names)},
+    )
+    if found != len(names):
         return None
-    value = conn.scalar(text(f"SELECT last_id FROM {state_table(spec)} WHERE k = 1"))
-    return None if value is None or value < 0 else int(value)
+    sequences = [spec.qualified(name) for name in names]
+    total = " + ".join(f"{seq}.next_not_cached_value" for seq in sequences)
+    value = conn.scalar(text(f"SELECT {total} FROM {', '.join(sequences)}"))
+    return None if value is None else int(value)
+
+
+def move_forward(conn: Connection, spec: FunctionSpec, layout: Layout, after_id: int) -> None:
+    """Move the function past ``after_id`` (never back): its next ID comes after it."""
+    current = _next_value(conn, spec, layout)
+    if current is None:
+        raise InvalidArgumentError(f"{spec.name}() has no state sequences in this database")
+    target = packed(layout, after_id) + 1
+    if target <= current:
+        return
+    counter = spec.qualified(counter_name(spec))
+    own = int(conn.scalar(text(f"SELECT next_not_cached_value FROM {counter}")))
+    conn.execute(text(f"SELECT SETVAL({counter}, {own + target - current}, 0)"))
+
+
+def drop_function_sql(spec: FunctionSpec, layout: Layout) -> list[str]:
+    return [f"DROP FUNCTION IF EXISTS {spec.qualified(spec.name)}"] + [
+        f"DROP SEQUENCE IF EXISTS {spec.qualified(name)}" for name in _names(spec, layout)
+    ]
+
+
+def last_issued_id(
+    conn: Connection, spec: FunctionSpec, layout: Layout, worker_id: int = 0
+) -> int | None:
+    """The function's last ID (``None`` if it issued none or has no sequences); its worker
+    part is ``worker_id``."""
+    value = _next_value(conn, spec, layout)
+    if value is None or value < 1:
+        return None
+    return unpacked(layout, value - 1, worker_id)
 
 
 def trigger_name(table: str, column: str) -> str:

@@ -23,6 +23,7 @@ from snowflake_db.alembic import (
 from snowflake_db.sqlalchemy import snowflake_column, snowflake_fk_column
 from snowflake_db.worker import worker_tables
 
+from ..key_functions.support import last_id
 from ..plugins.alembic_support import (
     converted_models,
     make_project,
@@ -260,17 +261,15 @@ def test_autogenerate_renders_the_key_function_default(
     try:
         with engine.begin() as conn:
             conn.execute(text("INSERT INTO orders (customer) VALUES ('raw sql')"))
+        worker_id = Layout().max_worker_id
         with engine.connect() as conn:
             key = conn.scalar(text("SELECT id FROM orders"))
-            state = "SELECT last_value FROM snowflake_next_id_state" if backend == "postgresql" \
-                else "SELECT last_id FROM snowflake_next_id_state"
-            before = conn.scalar(text(state))
-        assert key == before and Layout().decode(key).worker_id == Layout().max_worker_id
+        before = last_id(engine, worker_id)
+        assert key == before and Layout().decode(key).worker_id == worker_id
         second = command.revision(config, message="no changes", autogenerate=True)
         assert second is not None and not isinstance(second, list)
         again = Path(second.path).read_text()
         assert _function_body(again, "upgrade") == "pass", again
-        with engine.connect() as conn:
-            assert conn.scalar(text(state)) == before  # comparing did not call the function
+        assert last_id(engine, worker_id) == before  # comparing did not call the function
     finally:
         engine.dispose()

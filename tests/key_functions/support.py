@@ -10,8 +10,12 @@ from sqlalchemy import MetaData, select, text
 from sqlalchemy.engine import Engine
 
 import snowflake_db.alembic  # noqa: F401  (registers op.create_snowflake_worker_tables)
-from snowflake_db.key_functions import install_key_function, install_key_trigger
+from snowflake_db import Layout
+from snowflake_db.key_functions import _mariadb, install_key_function, install_key_trigger
+from snowflake_db.key_functions._spec import FunctionSpec
 from snowflake_db.worker import worker_tables
+
+LAYOUT = Layout()
 
 
 def worker_tables_in(engine: Engine, **tables: Any) -> None:
@@ -42,20 +46,25 @@ def keyed_table(engine: Engine, table: str = "events", function: str = "snowflak
             install_key_trigger(conn, table, name=function)
 
 
-def set_last_id(engine: Engine, value: int, function: str = "snowflake_next_id") -> None:
-    """Move the function's state to ``value`` (its last issued ID)."""
+def set_last_id(
+    engine: Engine, value: int, function: str = "snowflake_next_id", layout: Layout = LAYOUT
+) -> None:
+    """Move the function's state to ``value`` (its last issued ID; MariaDB: forward only)."""
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             conn.execute(text(f"SELECT setval('{function}_state', {value}, true)"))
         else:
-            conn.execute(text(f"UPDATE {function}_state SET last_id = {value}"))
+            _mariadb.move_forward(conn, FunctionSpec(function, None, "mariadb"), layout, value)
 
 
-def last_id(engine: Engine, function: str = "snowflake_next_id") -> int:
+def last_id(
+    engine: Engine, worker_id: int, function: str = "snowflake_next_id", layout: Layout = LAYOUT
+) -> int | None:
     with engine.connect() as conn:
         if engine.dialect.name == "postgresql":
             return int(conn.scalar(text(f"SELECT last_value FROM {function}_state")))
-        return int(conn.scalar(text(f"SELECT last_id FROM {function}_state")))
+        spec = FunctionSpec(function, None, "mariadb")
+        return _mariadb.last_issued_id(conn, spec, layout, worker_id)
 
 
 def slots(engine: Engine, table: str = "snowflake_worker_slots") -> list[Any]:
