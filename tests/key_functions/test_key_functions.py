@@ -337,14 +337,14 @@ def test_mariadb_writers_never_wait_for_each_other_through_the_function(
             conn.execute(text("INSERT INTO p VALUES (1, 0)"))
         outcome: list[str] = []
         with engine.connect() as holder:
-            holder.execute(text("SET SESSION innodb_lock_wait_timeout = 1"))
+            holder.execute(text("SET SESSION innodb_lock_wait_timeout = 20"))
             holder.commit()
             holder.begin()
             holder.execute(text("UPDATE p SET n = n + 1 WHERE id = 1"))
 
             def child() -> None:
                 with engine.connect() as conn:
-                    conn.execute(text("SET SESSION innodb_lock_wait_timeout = 1"))
+                    conn.execute(text("SET SESSION innodb_lock_wait_timeout = 20"))
                     conn.commit()
                     try:
                         with conn.begin():
@@ -355,7 +355,7 @@ def test_mariadb_writers_never_wait_for_each_other_through_the_function(
 
             thread = threading.Thread(target=child)
             thread.start()
-            while not _waiting_for_row_lock(engine):  # bounded: the child times out after 1 s
+            while not _waiting_for_row_lock(engine):  # bounded: the child times out after 20 s
                 if not thread.is_alive():
                     break
             holder.execute(text("INSERT INTO ch (p_id) VALUES (1)"))
