@@ -96,7 +96,7 @@ def drop_key_function(
         statements = _postgres.drop_function_sql(spec)
     else:
         last_id = _mariadb.last_issued_id(conn, spec, layout)
-        statements = _mariadb.drop_function_sql(spec, layout)
+        statements = _mariadb.drop_function_sql(spec, _mariadb.state_sequences(conn, spec))
     for statement in statements:
         conn.execute(text(statement))
     if not release_worker:

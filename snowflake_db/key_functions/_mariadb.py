@@ -273,9 +273,27 @@ def move_forward(conn: Connection, spec: FunctionSpec, layout: Layout, after_id:
     conn.execute(text(f"SELECT SETVAL({counter}, {own + target - current}, 0)"))
 
 
-def drop_function_sql(spec: FunctionSpec, layout: Layout) -> list[str]:
+def state_sequences(conn: Connection, spec: FunctionSpec) -> list[str]:
+    """The function's state sequences present in the database (whatever layout made them)."""
+    names = conn.scalars(
+        text(
+            "SELECT table_name FROM information_schema.tables WHERE table_type = 'SEQUENCE' "
+            "AND table_schema = COALESCE(:schema, DATABASE()) AND (table_name = :counter "
+            "OR table_name LIKE :levels)"
+        ),
+        {
+            "schema": spec.schema,
+            "counter": counter_name(spec),
+            "levels": level_name(spec, 0)[:-1].replace("_", "\\_") + "%",
+        },
+    )
+    return sorted(names)
+
+
+def drop_function_sql(spec: FunctionSpec, sequences: list[str]) -> list[str]:
+    """Drop the function, then ``sequences`` (from :func:`state_sequences`)."""
     return [f"DROP FUNCTION IF EXISTS {spec.qualified(spec.name)}"] + [
-        f"DROP SEQUENCE IF EXISTS {spec.qualified(name)}" for name in _names(spec, layout)
+        f"DROP SEQUENCE IF EXISTS {spec.qualified(name)}" for name in sequences
     ]
 
 

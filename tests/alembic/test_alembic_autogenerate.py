@@ -17,6 +17,7 @@ from snowflake_db import Layout
 from snowflake_db.alembic import (
     ConvertToSnowflakePkOp,
     CreateSnowflakeIdFunctionOp,
+    CreateSnowflakeKeyTriggerOp,
     CreateSnowflakeWorkerTablesOp,
     DropSnowflakeIdFunctionOp,
 )
@@ -148,6 +149,7 @@ def test_operations_render_as_code() -> None:
             CreateSnowflakeIdFunctionOp(layout=layout),
             ConvertToSnowflakePkOp("orders", server_default="snowflake_next_id()"),
             ConvertToSnowflakePkOp("lines", "line_id", schema="shop", revert_type="bigint"),
+            CreateSnowflakeKeyTriggerOp("events", zero_default=False),
         ]
     )
     code = render_python_code(upgrade)
@@ -158,6 +160,7 @@ def test_operations_render_as_code() -> None:
     )
     assert "op.convert_to_snowflake_pk('orders', server_default='snowflake_next_id()')" in code
     assert "op.convert_to_snowflake_pk('lines', 'line_id', schema='shop')" in code
+    assert "op.create_snowflake_key_trigger('events', zero_default=False)" in code
 
     downgrade = ops.DowngradeOps(ops=[op.reverse() for op in reversed(upgrade.ops)])
     code = render_python_code(downgrade)
@@ -165,6 +168,7 @@ def test_operations_render_as_code() -> None:
     assert "op.revert_snowflake_pk('orders')" in code
     assert "op.drop_snowflake_id_function(layout=snowflake_db.Layout(" in code
     assert "op.drop_snowflake_worker_tables()" in code
+    assert "op.drop_snowflake_key_trigger('events', zero_default=False)" in code
     assert isinstance(upgrade.ops[1].reverse(), DropSnowflakeIdFunctionOp)
 
 
