@@ -342,9 +342,12 @@ def test_mariadb_writers_never_wait_for_each_other_through_the_function(
             holder.begin()
             holder.execute(text("UPDATE p SET n = n + 1 WHERE id = 1"))
 
+            child_id: list[int] = []
+
             def child() -> None:
                 with engine.connect() as conn:
                     conn.execute(text("SET SESSION innodb_lock_wait_timeout = 20"))
+                    child_id.append(int(conn.scalar(text("SELECT CONNECTION_ID()"))))
                     conn.commit()
                     try:
                         with conn.begin():
@@ -355,9 +358,10 @@ def test_mariadb_writers_never_wait_for_each_other_through_the_function(
 
             thread = threading.Thread(target=child)
             thread.start()
-            while not _waiting_for_row_lock(engine):  # bounded: the child times out after 20 s
-                if not thread.is_alive():
-                    break
+            # until the child's INSERT runs (bounded: it times out after 20 s); it then waits
+            # for the parent row the holder updated
+            while thread.is_alive() and not _running_insert(engine, child_id):
+                pass
             holder.execute(text("INSERT INTO ch (p_id) VALUES (1)"))
             holder.commit()
             thread.join(30)
@@ -368,8 +372,16 @@ def test_mariadb_writers_never_wait_for_each_other_through_the_function(
         engine.dispose()
 
 
-def _waiting_for_row_lock(engine: Any) -> bool:
+def _running_insert(engine: Any, connection_ids: list[int]) -> bool:
+    if not connection_ids:
+        return False
     with engine.connect() as conn:
         return bool(
-            conn.scalar(text("SELECT COUNT(*) FROM information_schema.innodb_lock_waits"))
+            conn.scalar(
+                text(
+                    "SELECT COUNT(*) FROM information_schema.processlist "
+                    "WHERE id = :id AND info LIKE 'INSERT INTO ch%'"
+                ),
+                {"id": connection_ids[0]},
+            )
         )
