@@ -2,7 +2,8 @@
 
 Registers ``op.create_snowflake_worker_tables``, ``op.drop_snowflake_worker_tables``,
 ``op.convert_to_snowflake_pk``, ``op.revert_snowflake_pk``, ``op.create_snowflake_id_function``,
-``op.drop_snowflake_id_function`` and, for PostgreSQL partitioned order tables,
+``op.drop_snowflake_id_function``, ``op.create_snowflake_key_trigger``,
+``op.drop_snowflake_key_trigger`` (MariaDB) and, for PostgreSQL partitioned order tables,
 ``op.create_shard_partitioned_table``, ``op.create_time_partitioned_table`` and
 ``op.add_next_time_partition``, and for order tables sharded by an engine (postgres_fdw,
 Spider) ``op.create_sharded_orders`` and ``op.drop_sharded_orders`` (see
@@ -17,10 +18,12 @@ from .operations import (
     CreateShardedOrdersOp,
     CreateShardPartitionedTableOp,
     CreateSnowflakeIdFunctionOp,
+    CreateSnowflakeKeyTriggerOp,
     CreateSnowflakeWorkerTablesOp,
     CreateTimePartitionedTableOp,
     DropShardedOrdersOp,
     DropSnowflakeIdFunctionOp,
+    DropSnowflakeKeyTriggerOp,
     DropSnowflakeWorkerTablesOp,
     RevertSnowflakePkOp,
 )
@@ -31,10 +34,12 @@ __all__ = [
     "CreateShardPartitionedTableOp",
     "CreateShardedOrdersOp",
     "CreateSnowflakeIdFunctionOp",
+    "CreateSnowflakeKeyTriggerOp",
     "CreateSnowflakeWorkerTablesOp",
     "CreateTimePartitionedTableOp",
     "DropShardedOrdersOp",
     "DropSnowflakeIdFunctionOp",
+    "DropSnowflakeKeyTriggerOp",
     "DropSnowflakeWorkerTablesOp",
     "RevertSnowflakePkOp",
     "SnowflakeMigrationError",

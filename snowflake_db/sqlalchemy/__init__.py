@@ -8,7 +8,9 @@ set the keys of new objects at flush so that it can send their INSERTs as one ex
 (:mod:`snowflake_db.sqlalchemy.flush`). ``bulk_load`` and ``bulk_load_with_children`` send
 many rows by the backend's bulk protocol (:mod:`snowflake_db.sqlalchemy.bulk`). Sharded tables:
 :mod:`snowflake_db.sqlalchemy.sharding` (imported on its own: it loads SQLAlchemy's horizontal
-sharding extension).
+sharding extension). ``snowflake_column(key_function="snowflake_next_id")`` adds the database
+key function as the server default for rows inserted by raw SQL
+(:mod:`snowflake_db.sqlalchemy.key_default`, :mod:`snowflake_db.key_functions`).
 """
 
 from ..process import snowflake_default
@@ -31,10 +33,12 @@ from .generators import (
     snowflake_id_default,
     unbind_generator,
 )
+from .key_default import KeyFunctionDefault, key_function_default
 from .urls import engine_url
 
 __all__ = [
     "SNOWFLAKE_INFO_KEY",
+    "KeyFunctionDefault",
     "NarrowColumn",
     "SnowflakeDefault",
     "assign_ids_on_init",
@@ -44,6 +48,7 @@ __all__ = [
     "engine_url",
     "generator_for",
     "is_snowflake_column",
+    "key_function_default",
     "narrow_snowflake_columns",
     "require_wide_snowflake_columns",
     "snowflake_column",

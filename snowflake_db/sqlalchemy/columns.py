@@ -16,6 +16,7 @@ from sqlalchemy.sql.schema import SchemaItem
 
 from ..errors import InvalidArgumentError
 from .generators import SnowflakeDefault, snowflake_id_default
+from .key_default import key_function_default
 
 __all__ = [
     "SNOWFLAKE_INFO_KEY",
@@ -31,7 +32,10 @@ SNOWFLAKE_INFO_KEY = "snowflake_db"
 
 
 def _primary_key_kwargs(
-    kwargs: dict[str, Any], default: SnowflakeDefault | Callable[..., int] | None
+    kwargs: dict[str, Any],
+    default: SnowflakeDefault | Callable[..., int] | None,
+    key_function: str | None = None,
+    key_function_schema: str | None = None,
 ) -> dict[str, Any]:
     if kwargs.get("autoincrement", False) not in (False, None):
         raise InvalidArgumentError(
@@ -42,6 +46,13 @@ def _primary_key_kwargs(
         raise InvalidArgumentError("a Snowflake ID column is always BigInteger; drop type_=")
     kwargs["autoincrement"] = False
     kwargs.setdefault("primary_key", True)
+    if key_function is not None:
+        if kwargs.get("server_default") is not None:
+            raise InvalidArgumentError(
+                f"key_function={key_function!r} is the column's server default: drop "
+                "server_default="
+            )
+        kwargs["server_default"] = key_function_default(key_function, key_function_schema)
     kwargs["default"] = snowflake_id_default if default is None else default
     info = dict(kwargs.get("info") or {})
     info[SNOWFLAKE_INFO_KEY] = "id"
@@ -53,6 +64,8 @@ def snowflake_column(
     name: str | None = None,
     *args: SchemaItem,
     default: SnowflakeDefault | Callable[..., int] | None = None,
+    key_function: str | None = None,
+    key_function_schema: str | None = None,
     **kwargs: Any,
 ) -> Column[int]:
     """A Core ``Column``: ``BIGINT`` primary key, Snowflake default, no autoincrement.
@@ -60,8 +73,13 @@ def snowflake_column(
     ``default`` defaults to :data:`snowflake_id_default` (bound generators, else the process
     one); pass ``SnowflakeDefault(generator, shard_for=...)`` for a table of its own. Extra
     keyword arguments go to ``Column`` (e.g. ``primary_key=False`` for a secondary ID column).
+
+    ``key_function="snowflake_next_id"`` also gives the column the database key function as its
+    server default, for rows inserted by raw SQL (:mod:`snowflake_db.sqlalchemy.key_default`:
+    ``DEFAULT snowflake_next_id()`` on PostgreSQL, ``DEFAULT 0`` for the trigger on MariaDB);
+    the application still issues the keys of its own inserts.
     """
-    kw = _primary_key_kwargs(dict(kwargs), default)
+    kw = _primary_key_kwargs(dict(kwargs), default, key_function, key_function_schema)
     if name is None:
         return Column(BigInteger(), *args, **kw)
     return Column(name, BigInteger(), *args, **kw)
@@ -70,13 +88,16 @@ def snowflake_column(
 def snowflake_mapped_column(
     *args: Any,
     default: SnowflakeDefault | Callable[..., int] | None = None,
+    key_function: str | None = None,
+    key_function_schema: str | None = None,
     **kwargs: Any,
 ) -> MappedColumn[int]:
     """The ORM form of :func:`snowflake_column`: ``id: Mapped[int] = snowflake_mapped_column()``.
 
-    Positional arguments (a column name, constraints) go to ``mapped_column``.
+    Positional arguments (a column name, constraints) go to ``mapped_column``;
+    ``key_function`` as in :func:`snowflake_column`.
     """
-    kw = _primary_key_kwargs(dict(kwargs), default)
+    kw = _primary_key_kwargs(dict(kwargs), default, key_function, key_function_schema)
     return _mapped_bigint(args, kw)
 
 

@@ -17,12 +17,14 @@ from snowflake_db import Layout
 from snowflake_db.alembic import (
     ConvertToSnowflakePkOp,
     CreateSnowflakeIdFunctionOp,
+    CreateSnowflakeKeyTriggerOp,
     CreateSnowflakeWorkerTablesOp,
     DropSnowflakeIdFunctionOp,
 )
 from snowflake_db.sqlalchemy import snowflake_column, snowflake_fk_column
 from snowflake_db.worker import worker_tables
 
+from ..key_functions.support import last_id
 from ..plugins.alembic_support import (
     converted_models,
     make_project,
@@ -147,6 +149,7 @@ def test_operations_render_as_code() -> None:
             CreateSnowflakeIdFunctionOp(layout=layout),
             ConvertToSnowflakePkOp("orders", server_default="snowflake_next_id()"),
             ConvertToSnowflakePkOp("lines", "line_id", schema="shop", revert_type="bigint"),
+            CreateSnowflakeKeyTriggerOp("events", zero_default=False),
         ]
     )
     code = render_python_code(upgrade)
@@ -157,6 +160,7 @@ def test_operations_render_as_code() -> None:
     )
     assert "op.convert_to_snowflake_pk('orders', server_default='snowflake_next_id()')" in code
     assert "op.convert_to_snowflake_pk('lines', 'line_id', schema='shop')" in code
+    assert "op.create_snowflake_key_trigger('events', zero_default=False)" in code
 
     downgrade = ops.DowngradeOps(ops=[op.reverse() for op in reversed(upgrade.ops)])
     code = render_python_code(downgrade)
@@ -164,6 +168,7 @@ def test_operations_render_as_code() -> None:
     assert "op.revert_snowflake_pk('orders')" in code
     assert "op.drop_snowflake_id_function(layout=snowflake_db.Layout(" in code
     assert "op.drop_snowflake_worker_tables()" in code
+    assert "op.drop_snowflake_key_trigger('events', zero_default=False)" in code
     assert isinstance(upgrade.ops[1].reverse(), DropSnowflakeIdFunctionOp)
 
 
@@ -213,5 +218,62 @@ def _snapshot_orders(db: ScratchDatabase) -> list[tuple[object, ...]]:
                     )
                 )
             ]
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_autogenerate_renders_the_key_function_default(
+    backend: str, database_factory: object, tmp_path: Path
+) -> None:
+    """``snowflake_column(key_function=...)``: autogenerate writes the function call as the
+    server default on PostgreSQL (``0``, the trigger's placeholder, on MariaDB), and a second
+    run finds no difference without ever calling the function."""
+    db: ScratchDatabase = database_factory(backend)  # type: ignore[operator]
+    metadata = MetaData()
+    Table(
+        "orders",
+        metadata,
+        snowflake_column("id", key_function="snowflake_next_id"),
+        Column("customer", String(50)),
+    )
+    worker_tables(metadata)
+    config = make_project(tmp_path, db, metadata)
+    config.attributes["compare_server_default"] = True
+    trigger = "op.create_snowflake_key_trigger('orders')" if backend == "mariadb" else "pass"
+    write_revision(
+        config,
+        "k1",
+        None,
+        "op.create_snowflake_worker_tables()\nop.create_snowflake_id_function()",
+        "op.drop_snowflake_id_function()\nop.drop_snowflake_worker_tables()",
+    )
+    command.upgrade(config, "head")
+    script = command.revision(config, message="orders", autogenerate=True)
+    assert script is not None and not isinstance(script, list)
+    source = Path(script.path).read_text()
+    default = "snowflake_next_id()" if backend == "postgresql" else "0"
+    assert (
+        f"sa.Column('id', sa.BigInteger(), server_default=sa.text('{default}'), "
+        "autoincrement=False, nullable=False)"
+    ) in source, source
+    # MariaDB: the trigger is a hand-written line after the table (autogenerate cannot see it)
+    end = "    # ### end Alembic commands ###"
+    Path(script.path).write_text(source.replace(end, f"    {trigger}\n{end}", 1))
+    command.upgrade(config, "head")
+    engine = create_engine(db.url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO orders (customer) VALUES ('raw sql')"))
+        worker_id = Layout().max_worker_id
+        with engine.connect() as conn:
+            key = conn.scalar(text("SELECT id FROM orders"))
+        before = last_id(engine, worker_id)
+        assert key == before and Layout().decode(key).worker_id == worker_id
+        second = command.revision(config, message="no changes", autogenerate=True)
+        assert second is not None and not isinstance(second, list)
+        again = Path(second.path).read_text()
+        assert _function_body(again, "upgrade") == "pass", again
+        assert last_id(engine, worker_id) == before  # comparing did not call the function
     finally:
         engine.dispose()

@@ -221,7 +221,7 @@ def test_conversion_refuses_what_it_cannot_do(sqlite_db: ScratchDatabase) -> Non
                 op.convert_to_snowflake_pk("pairs", "a")
             with pytest.raises(SnowflakeMigrationError, match="does not exist"):
                 op.convert_to_snowflake_pk("missing")
-            with pytest.raises(SnowflakeMigrationError, match="PostgreSQL only"):
+            with pytest.raises(SnowflakeMigrationError, match="and MariaDB only, not sqlite"):
                 op.create_snowflake_id_function()
             with pytest.raises(ValueError, match="server-side function"):
                 op.convert_to_snowflake_pk("pairs", "a", server_default="x()")

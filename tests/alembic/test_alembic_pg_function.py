@@ -17,7 +17,9 @@ from sqlalchemy.engine import Engine
 import snowflake_db
 import snowflake_db.alembic
 from snowflake_db import Layout
-from snowflake_db.alembic import _pg_function
+from snowflake_db.key_functions import _postgres as _pg_function
+from snowflake_db.key_functions._slots import floor_id
+from snowflake_db.key_functions._spec import FunctionSpec
 from snowflake_db.worker import worker_tables
 
 from ..plugins.alembic_support import project_with_orders, write_revision
@@ -216,8 +218,8 @@ def test_reservation_respects_high_water_marks(postgres_db: ScratchDatabase) -> 
         assert LAYOUT.decode(first).worker_id == top - 1
 
         # a function started from a floor 300 ms ahead waits and issues only above it
-        spec = _pg_function.FunctionSpec("floor_next_id", None)
-        start = _pg_function.floor_id(LAYOUT, 5, now_ms + 300)
+        spec = FunctionSpec("floor_next_id", None)
+        start = floor_id(LAYOUT, 5, now_ms + 300)
         with engine.begin() as conn:
             for statement in _pg_function.create_function_sql(
                 spec, layout=LAYOUT, worker_id=5, start_after=start
@@ -251,7 +253,7 @@ def test_slot_reserved_in_a_separate_control_database(database_factory: Any) -> 
         # reservation made in the control database is found by its label, not repeated
         with engine.begin() as conn:
             for statement in _pg_function.drop_function_sql(
-                _pg_function.FunctionSpec("snowflake_next_id", None)
+                FunctionSpec("snowflake_next_id", None)
             ):
                 conn.execute(text(statement))
         _run_ops(engine, create)

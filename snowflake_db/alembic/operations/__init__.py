@@ -8,8 +8,9 @@ Importing :mod:`snowflake_db.alembic` (in ``env.py``) registers:
   (the shard map in the control database, :mod:`.shard_map`)
 * ``op.convert_to_snowflake_pk(table, column="id")`` / ``op.revert_snowflake_pk(...)``
   (:mod:`.primary_keys`)
-* ``op.create_snowflake_id_function()`` / ``op.drop_snowflake_id_function()`` (PostgreSQL,
-  :mod:`.id_function`)
+* ``op.create_snowflake_id_function()`` / ``op.drop_snowflake_id_function()`` (PostgreSQL and
+  MariaDB) and ``op.create_snowflake_key_trigger(table)`` / ``op.drop_snowflake_key_trigger(...)``
+  (MariaDB), thin calls of :mod:`snowflake_db.key_functions` (:mod:`.id_function`)
 * ``op.create_shard_partitioned_table(...)``, ``op.create_time_partitioned_table(...)``,
   ``op.add_next_time_partition(...)`` (PostgreSQL, :mod:`.partitions`)
 * ``op.create_sharded_orders(engine, shards)`` / ``op.drop_sharded_orders(...)``
@@ -21,7 +22,12 @@ its ``op.<name>`` method and its autogenerate renderer (the renderers also add
 except ``add_next_time_partition``, whose module says why.
 """
 
-from .id_function import CreateSnowflakeIdFunctionOp, DropSnowflakeIdFunctionOp
+from .id_function import (
+    CreateSnowflakeIdFunctionOp,
+    CreateSnowflakeKeyTriggerOp,
+    DropSnowflakeIdFunctionOp,
+    DropSnowflakeKeyTriggerOp,
+)
 from .partitions import (
     AddNextTimePartitionOp,
     CreateShardPartitionedTableOp,
@@ -38,11 +44,13 @@ __all__ = [
     "CreateShardPartitionedTableOp",
     "CreateShardedOrdersOp",
     "CreateSnowflakeIdFunctionOp",
+    "CreateSnowflakeKeyTriggerOp",
     "CreateSnowflakeShardMapTablesOp",
     "CreateSnowflakeWorkerTablesOp",
     "CreateTimePartitionedTableOp",
     "DropShardedOrdersOp",
     "DropSnowflakeIdFunctionOp",
+    "DropSnowflakeKeyTriggerOp",
     "DropSnowflakeShardMapTablesOp",
     "DropSnowflakeWorkerTablesOp",
     "RevertSnowflakePkOp",

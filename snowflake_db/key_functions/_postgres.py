@@ -1,4 +1,4 @@
-"""A PostgreSQL function issuing Snowflake IDs with the application's layout.
+"""PostgreSQL: a PL/pgSQL function issuing Snowflake IDs with the application's layout.
 
 Rows inserted by other programs or plain SQL get their ID from ``DEFAULT snowflake_next_id()``.
 The function's worker ID is a slot of the allocator's slots table reserved *permanently* (token
@@ -15,8 +15,6 @@ tick: an exhausted tick waits (bounded) for the next one.
 
 from __future__ import annotations
 
-import zlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sqlalchemy import text
@@ -24,55 +22,17 @@ from sqlalchemy import text
 from ..errors import InvalidArgumentError
 from ..generator import DEFAULT_ROLLBACK_TOLERANCE_MS
 from ..layout import Layout
-from ..worker._schema import NAME_LENGTH, validate_identifier
+from ._spec import FunctionSpec
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
-__all__ = ["FunctionSpec", "create_function_sql", "drop_function_sql"]
+__all__ = ["create_function_sql", "drop_function_sql", "last_issued_id"]
 
 #: First key of the two-key advisory lock (``'SN'``); the second is a hash of the function name.
 ADVISORY_LOCK_CLASS = 0x534E
 #: pg_sleep between looks at the clock while waiting for the next tick.
 _SLEEP_S = 0.0002
-
-
-@dataclass(frozen=True)
-class FunctionSpec:
-    """Where the function lives and what it is called."""
-
-    name: str
-    schema: str | None
-
-    def __post_init__(self) -> None:
-        validate_identifier(self.name, "function name")
-        if self.schema is not None:
-            validate_identifier(self.schema, "schema name")
-
-    @property
-    def sequence(self) -> str:
-        return f"{self.name}_state"[:63]
-
-    def qualified(self, name: str) -> str:
-        return f'"{self.schema}"."{name}"' if self.schema else f'"{name}"'
-
-    @property
-    def lock_key(self) -> int:
-        digest = zlib.crc32(f"{self.schema or ''}.{self.name}".encode())
-        return digest - 2**32 if digest >= 2**31 else digest  # a signed int4
-
-    def default_label(self, database: str | None) -> str:
-        return f"postgresql-function:{database or ''}:{self.schema or 'public'}.{self.name}"[
-            :NAME_LENGTH
-        ]
-
-
-def floor_id(layout: Layout, worker_id: int, high_water_ms: int) -> int:
-    """The pseudo "last issued ID" a new holder starts from: the high-water tick, used up."""
-    if high_water_ms < layout.epoch_ms:
-        return -1
-    moment = min(high_water_ms, layout.max_timestamp_ms)
-    return layout.encode(timestamp_ms=moment, worker_id=worker_id, sequence=layout.max_sequence)
 
 
 def create_function_sql(
@@ -167,9 +127,3 @@ def drop_function_sql(spec: FunctionSpec) -> list[str]:
 def last_issued_id(conn: Connection, spec: FunctionSpec) -> int | None:
     value = conn.scalar(text(f"SELECT last_value FROM {spec.qualified(spec.sequence)}"))
     return None if value is None or value < 0 else int(value)
-
-
-def tick_end_ms(layout: Layout, last_id: int) -> int:
-    """The last millisecond of the tick ``last_id`` was issued in (the slot's mark on release)."""
-    tick = last_id >> layout.time_shift
-    return layout.tick_start_ms(tick) + layout.tick_ms - 1
