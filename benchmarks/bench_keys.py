@@ -14,8 +14,9 @@ Sections, every ratio against the baseline measured in the same run on the same 
   snowflake_next_id()`` (installed by ``op.create_snowflake_id_function()`` after
   ``op.create_snowflake_worker_tables()``: a worker slot reserved for the server),
   ``gen_random_uuid()`` and, on 18, ``uuidv7()``. MariaDB: ``AUTO_INCREMENT``, ``UUID()`` into a
-  ``UUID`` column, ``UUID_v7()`` where the server has it (11.7+), and the row reserved for its
-  Snowflake function (see :data:`MARIADB_SNOWFLAKE_DEFAULT`).
+  ``UUID`` column, ``UUID_v7()`` where the server has it (11.7+), and the Snowflake function
+  (the same Alembic operations) filling the key through its ``BEFORE INSERT`` trigger
+  (``op.create_snowflake_key_trigger()``: MariaDB refuses a stored function in ``DEFAULT``).
 * **order**: for the 8-session runs, how many rows were committed after a row with a larger key
   (client-side completion order, one monotonic clock): the rows a reader paging with
   ``WHERE id > last_seen`` can miss. Every server-made key shows some: the key is taken before
@@ -69,6 +70,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import snowflake_db
+from snowflake_db.key_functions import install_key_trigger
 from snowflake_db.sqlalchemy import snowflake_mapped_column
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -76,13 +78,6 @@ DEFAULT_MARIADB_URL = "mysql+pymysql://root@127.0.0.1:3306/test"
 SESSIONS = (1, 8)
 #: (sessions, minimum ratio of snowflake_next_id() to BIGSERIAL)
 TARGETS = {1: 0.8, 8: 0.6}
-
-#: The MariaDB Snowflake function's row. Another change builds the function (issue 33 item 1);
-#: when it lands, set this to ``(install, default_sql)``: ``install(connection)`` creates the
-#: function (and the worker slot it reserves) in the scratch database, ``default_sql`` is the
-#: column's ``DEFAULT`` expression (or ``None`` when a ``BEFORE INSERT`` trigger fills the key).
-#: Until then the row is printed as pending.
-MARIADB_SNOWFLAKE_DEFAULT: tuple[Callable[[Any], None], str | None] | None = None
 
 
 # -- key kinds ---------------------------------------------------------------------------------
@@ -289,7 +284,8 @@ def scratch(server_url: URL, backend: str) -> tuple[URL, Callable[[], None]]:
 
 
 def install_snowflake_function(engine: Engine) -> None:
-    """The worker tables and ``snowflake_next_id()`` through the Alembic operations."""
+    """The worker tables and ``snowflake_next_id()`` through the Alembic operations (on MariaDB
+    the key column gets it from a trigger: :func:`setup_mariadb`)."""
     from alembic.migration import MigrationContext
     from alembic.operations import Operations
 
@@ -374,24 +370,14 @@ def setup_mariadb(server_url: URL) -> Server:
         if not has_v7:
             del kinds["uuid7"]
             notes.append(f"UUID_v7(): not on MariaDB {version} (new in 11.7)")
-        # ---- MariaDB snowflake function row: filled in once the function exists ----------
-        if MARIADB_SNOWFLAKE_DEFAULT is None:
-            del kinds["function"]
-            notes.append("snowflake function: PENDING (issue 33 item 1; set "
-                         "MARIADB_SNOWFLAKE_DEFAULT in benchmarks/bench_keys.py)")
-        else:
-            install, default_sql = MARIADB_SNOWFLAKE_DEFAULT
-            with engine.begin() as conn:
-                install(conn)
-            column = "id bigint PRIMARY KEY" + (f" DEFAULT {default_sql}" if default_sql else "")
-            kinds["function"] = Kind("snowflake function", column)
-        # ---------------------------------------------------------------------------------
+        install_snowflake_function(engine)
         with engine.begin() as conn:
             for key, kind in kinds.items():
                 conn.execute(text(
                     f"CREATE TABLE raw_{key} ({kind.column}, customer_id bigint NOT NULL, "
                     "amount_cents integer NOT NULL) ENGINE=InnoDB"
                 ))
+            install_key_trigger(conn, "raw_function")
     finally:
         engine.dispose()
     return Server("MariaDB", "mariadb", url, version, kinds, drop, notes)
