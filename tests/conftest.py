@@ -11,7 +11,7 @@ pytest_plugins = [
 # `make test` runs pytest -n 6 --dist loadgroup -m "not timing" (pytest-xdist: tests in
 # parallel processes), then pytest -n 4 --dist loadgroup -m timing: those tests judge lease
 # timings (fencing before a deadline, renewals across an outage) or start dozens of processes,
-# so they run after the others, four tests at a time (a test's parameters one at a time, the
+# so they run after the others, four tests at a time (a test's backends one at a time, the
 # longest first).
 # Every test has its own database and tmp_path.
 
@@ -26,22 +26,34 @@ collect_ignore = (
 def pytest_configure(config: object) -> None:
     config.addinivalue_line(  # type: ignore[attr-defined]
         "markers",
-        "timing(seconds=N): judges lease timings or loads the machine (make test runs these "
-        "after the others, four at a time, the longest first; N: about how long one backend "
-        "takes alone)",
+        "timing(seconds=N, apart=(names,)): judges lease timings or loads the machine (make "
+        "test runs these after the others, four at a time, the longest first; N: about how long "
+        "one backend takes alone; a test's backends run one at a time, the parameters named in "
+        "apart in groups of their own)",
     )
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A `timing` test's parameters (one per backend) form one group, run one at a time by
-    one pytest-xdist worker. Timing tests come first in the order, the longest first (their
-    ``seconds``: about how long one backend takes alone), then the `slow` ones, so that the
-    workers finish at about the same time."""
+    one pytest-xdist worker; the parameters its ``apart`` names (``timing(apart=("fake_time",))``)
+    split it into groups that run beside each other. Timing tests come first in the order, the
+    longest first (their ``seconds``: about how long one backend takes alone), then the `slow`
+    ones, so that the workers finish at about the same time."""
     for item in items:
         if item.get_closest_marker("timing") is not None:
-            item.add_marker(pytest.mark.xdist_group(f"timing-{item.nodeid.split('[')[0]}"))
+            item.add_marker(pytest.mark.xdist_group(f"timing-{_timing_group(item)}"))
     items.sort(key=_order)
+
+
+def _timing_group(item: pytest.Item) -> str:
+    """The test's node ID without its parameters, then the values of those it keeps apart."""
+    name = item.nodeid.split("[")[0]
+    marker = item.get_closest_marker("timing")
+    apart = () if marker is None else marker.kwargs.get("apart", ())
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    values = [str(params[key]) for key in apart if key in params]
+    return f"{name}[{'-'.join(values)}]" if values else name
 
 
 def _order(item: pytest.Item) -> tuple[bool, float, bool]:

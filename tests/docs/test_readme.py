@@ -171,7 +171,7 @@ def _check_options(words: list[str], help_text: str, where: str) -> None:
 
 def _makefile_targets() -> set[str]:
     text = (REPO / "Makefile").read_text()
-    return set(re.findall(r"^([a-z][a-z-]*):", text, re.MULTILINE))
+    return set(re.findall(r"^([a-z][a-z0-9-]*):", text, re.MULTILINE))
 
 
 def _extras() -> set[str]:

@@ -4,9 +4,11 @@ imports), so forkserver and spawn children import little before their first task
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import signal
 import time
+from typing import Any
 
 import snowflake_db
 from snowflake_db import Layout, SnowflakeError
@@ -16,6 +18,20 @@ from snowflake_db.worker import TableWorkerAllocator
 POOL_LAYOUT = Layout(worker_bits=3)
 
 TaskResult = tuple[int, int | None, list[int], str | None]
+
+#: What the forkserver imports once instead of each child (SQLAlchemy and psycopg cost about
+#: 0.8 s of CPU a child; a pool of 100 recycled children spent 30 s importing them).
+FORKSERVER_PRELOAD = [
+    "tests.worker.pool_support", "sqlalchemy.dialects.postgresql.psycopg", "psycopg"]
+
+
+def pool_context(method: str) -> Any:
+    """``multiprocessing.get_context(method)``; for ``forkserver`` with :data:`FORKSERVER_PRELOAD`
+    (which takes effect only if this starts the server: every pool test here asks for it)."""
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return context
 
 
 def configure_child(url: str, lease_seconds: float) -> None:

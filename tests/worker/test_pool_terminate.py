@@ -28,6 +28,7 @@ from .pool_support import (
     lease_then_install_handlers,
     lease_then_wait,
     own_sigterm_handler,
+    pool_context,
 )
 
 LEASE_SECONDS = 30.0
@@ -59,7 +60,7 @@ def _child_slots(url: str, parent_worker: int) -> dict[int, str]:
 
 
 def _pool(method: str, url: str, **options: Any) -> Any:
-    context = multiprocessing.get_context(method)
+    context = pool_context(method)
     if method != "fork":
         options.update(initializer=configure_child, initargs=(url, LEASE_SECONDS))
     return context.Pool(CHILDREN, **options)

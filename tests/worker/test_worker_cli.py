@@ -16,7 +16,7 @@ from snowflake_db import Layout, MonotonicClock
 from snowflake_db.cli import main
 
 from ..plugins.databases import ScratchDatabase
-from ..plugins.worker_support import allocator, expire_lease, read_slots
+from ..plugins.worker_support import allocator, expire_lease, read_slots, run_cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -98,10 +98,9 @@ def _one_line(result: subprocess.CompletedProcess[str], status: int) -> str:
 
 
 def _cli(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=REPO)
-    env.pop("SNOWFLAKE_WORKER_URL", None)
-    return subprocess.run([sys.executable, "-m", "snowflake_db.cli", *args], capture_output=True,
-                          text=True, env=env, timeout=60, check=False, cwd=cwd)
+    """The command's ``main()`` in this process (test_console_command and the environment's URL
+    run ``python -m snowflake_db.cli``): status, stdout, stderr."""
+    return run_cli(*args, cwd=cwd)
 
 
 @pytest.mark.parametrize("command", DATABASE_COMMANDS, ids=" ".join)
@@ -208,11 +207,7 @@ BAD_URLS = [
 
 @pytest.mark.parametrize(("url", "expected"), BAD_URLS)
 def test_bad_urls_are_one_line_and_exit_status_2(url: str, expected: str) -> None:
-    env = dict(os.environ, PYTHONPATH=REPO, PGHOST="127.0.0.1", PGPORT="1")
-    env.pop("SNOWFLAKE_WORKER_URL", None)
-    result = subprocess.run([sys.executable, "-m", "snowflake_db.cli", "workers", "list",
-                             "--url", url], capture_output=True, text=True, env=env, timeout=60,
-                            check=False)
+    result = run_cli("workers", "list", "--url", url, env={"PGHOST": "127.0.0.1", "PGPORT": "1"})
     assert result.returncode == 2
     assert result.stdout == ""
     [line] = result.stderr.splitlines()
@@ -222,10 +217,8 @@ def test_bad_urls_are_one_line_and_exit_status_2(url: str, expected: str) -> Non
 
 
 def test_bad_url_in_the_environment_names_the_variable() -> None:
-    env = dict(os.environ, PYTHONPATH=REPO, PGHOST="127.0.0.1", PGPORT="1",
-               SNOWFLAKE_WORKER_URL="postgres:///control")
-    result = subprocess.run([sys.executable, "-m", "snowflake_db.cli", "workers", "reap"],
-                            capture_output=True, text=True, env=env, timeout=60, check=False)
+    result = run_cli("workers", "reap", env={"PGHOST": "127.0.0.1", "PGPORT": "1",
+                                             "SNOWFLAKE_WORKER_URL": "postgres:///control"})
     assert result.returncode == 2
     assert result.stderr == (
         "snowflake-db workers: error: SNOWFLAKE_WORKER_URL=postgres:///control names no host or "

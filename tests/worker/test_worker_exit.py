@@ -5,7 +5,6 @@ Celery's prefork pool, whose workers end from ``Worker._do_exit``."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from .pool_support import (
     configure_child,
     configured_parent,
     issue_ids,
+    pool_context,
 )
 
 TASKS = 100
@@ -41,15 +41,13 @@ LEASE_SECONDS = 30.0
 
 def _run_pool(method: str, url: str) -> list[TaskResult]:
     """100 one-task children, at most 2 at a time; bounded in time, joined before returning."""
-    context = multiprocessing.get_context(method)
+    # forkserver: SQLAlchemy and the driver imported once in the server rather than in each of
+    # the 100 children (the test holds either way).
+    context = pool_context(method)
     initializer: Callable[..., None] | None = None
     initargs: tuple[Any, ...] = ()
     if method != "fork":
         initializer, initargs = configure_child, (url, LEASE_SECONDS)
-    if method == "forkserver":
-        # Import SQLAlchemy once in the server rather than in each of the 100 children (takes
-        # effect only if this starts the server; the test holds either way).
-        context.set_forkserver_preload(["tests.worker.pool_support"])
     pool = context.Pool(2, initializer=initializer, initargs=initargs, maxtasksperchild=1)
     try:
         mapped = pool.map_async(issue_ids, range(TASKS), chunksize=1)

@@ -1,6 +1,8 @@
-"""``snowflake-db workers check`` and ``snowflake-db doctor``, run as the installed console script
-against real databases: exit statuses, one-line reasons, nothing left behind by ``check``, and
-what ``doctor`` reports (layout, its end, clock skew, slots by state, partitions ahead)."""
+"""``snowflake-db workers check`` and ``snowflake-db doctor`` against real databases: exit
+statuses, one-line reasons, nothing left behind by ``check``, and what ``doctor`` reports
+(layout, its end, clock skew, slots by state, partitions ahead). The first test runs the
+installed console script; the others run the CLI's ``main()`` in this process, its output
+captured the same way (an interpreter each cost about a second of CPU)."""
 
 from __future__ import annotations
 
@@ -26,17 +28,22 @@ from ..plugins.worker_support import (
     database_now_ms,
     expire_lease,
     read_slots,
+    run_cli,
 )
 
 SCRIPT = str(Path(sys.executable).parent / "snowflake-db")
 OTHER = ["--worker-bits", "9", "--sequence-bits", "13"]
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "SNOWFLAKE_WORKER_URL"}
-    return subprocess.run(
-        [SCRIPT, *args], capture_output=True, text=True, timeout=120, check=False, env=env
-    )
+def _run(*args: str, script: bool = False) -> subprocess.CompletedProcess[str]:
+    """The command's status and output: the console script in a process of its own with
+    ``script``, else ``main()`` here. Neither sees ``SNOWFLAKE_WORKER_URL``."""
+    if script:
+        env = {k: v for k, v in os.environ.items() if k != "SNOWFLAKE_WORKER_URL"}
+        return subprocess.run(
+            [SCRIPT, *args], capture_output=True, text=True, timeout=120, check=False, env=env
+        )
+    return run_cli(*args)
 
 
 def _registrations(db: ScratchDatabase) -> int:
@@ -75,8 +82,8 @@ def test_check_leases_and_releases_leaving_nothing_behind(any_db: ScratchDatabas
         held = alloc.acquire(layout=Layout(), clock=MonotonicClock())
         before = read_slots(any_db.url)
         registrations = _registrations(any_db)
-        for _ in range(3):
-            result = _run("workers", "check", "--url", url)
+        for attempt in range(3):  # the installed script first, then main() here
+            result = _run("workers", "check", "--url", url, script=attempt == 0)
             assert result.returncode == 0, result.stderr
             assert result.stderr == ""
             assert result.stdout.startswith("ok: worker ID ")
