@@ -164,8 +164,10 @@ def make_pair(clusters: Clusters, prefix: str = "moves") -> Iterator[Pair]:
         cluster.create_database(db)
         cluster.execute(*DDL, database=db)
     clusters.source.execute(*LOAD, database=db)
-    yield Pair(clusters, db)
-    drop_replication_objects(clusters, db)
+    try:
+        yield Pair(clusters, db)
+    finally:  # a failed test's slot (slot names repeat per control database) must not fail the next
+        drop_replication_objects(clusters, db)
 
 
 def drop_replication_objects(clusters: Clusters, db: str) -> None:
