@@ -10,6 +10,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -164,3 +165,8 @@ def run_in_fork(child: Callable[[], Any], fork: Callable[[], int] = os.fork) -> 
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the forked child crashed"
     return pickle.loads(b"".join(chunks))
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP has taken effect, not only been sent)."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "T"

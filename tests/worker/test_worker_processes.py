@@ -37,6 +37,7 @@ from snowflake_db.worker import (
 from snowflake_db.worker._engine import idle_transaction_seconds
 from snowflake_db.worker._store import db_now_ms
 
+from ..plugins.core_support import is_stopped
 from ..plugins.databases import ScratchDatabase
 from ..plugins.outage_support import STEADY_LEASE_SECONDS
 from ..plugins.scheduler_delay import SchedulerDelay
@@ -158,10 +159,6 @@ def test_sigkilled_holder_frees_its_slot_only_after_expiry(any_db: ScratchDataba
         assert gen.next_id() > first_id
 
 
-def _stopped(pid: int) -> bool:
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "T"
-
-
 def _holds_no_lock(db: ScratchDatabase) -> bool:
     """Can another connection lock the slot row (SQLite: the file) without waiting?"""
     if db.backend == "sqlite":
@@ -204,7 +201,7 @@ def _sigstop_between_writes(pid: int, db: ScratchDatabase) -> int:
     while True:
         stopped_ms = time.time_ns() // 1_000_000
         os.kill(pid, signal.SIGSTOP)
-        while not _stopped(pid):
+        while not is_stopped(pid):
             assert time.monotonic() < deadline
             time.sleep(0.001)
         if _holds_no_lock(db):
@@ -325,7 +322,7 @@ def test_a_holder_frozen_inside_its_renewal_frees_the_slot_a_lease_later(
     assert child.pid is not None
     freeze.value = 0.0
     deadline = time.monotonic() + 3 * lease_seconds
-    while not _stopped(child.pid):  # at its next renewal, a third of a lease away
+    while not is_stopped(child.pid):  # at its next renewal, a third of a lease away
         assert time.monotonic() < deadline, "the holder never renewed"
         time.sleep(0.005)
     stopped_ms = time.time_ns() // 1_000_000  # just after the stop
