@@ -148,6 +148,9 @@ class _BorrowedConnection:
     def close(self) -> None:
         pass
 
+    def add_notice_handler(self, handler: Any) -> None:
+        pass  # SQLAlchemy's psycopg dialect would add one to Django's connection each time
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)
 

@@ -160,6 +160,11 @@ def main() -> None:
     result["sqlmigrate_tables"] = sql.getvalue()
 
     if mode == "elsewhere":
+        try:  # the control database is not migrated yet: refused before anything is made
+            _migrate()
+            result["control_unmigrated"] = "migrated"
+        except Exception as error:
+            result["control_unmigrated"] = f"{type(error).__name__}: {error}"
         _migrate("snowflake_db", database="control")
     _migrate()
     try:
