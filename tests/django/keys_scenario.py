@@ -4,6 +4,8 @@ database key function, migrated for real (``makemigrations``, ``migrate``, ``mig
 Usage: ``python -m tests.django.keys_scenario MODE WORKDIR`` with ``KEYS_DATABASES`` holding the
 Django ``DATABASES`` as JSON. MODE ``same``: the worker tables are in the app's database;
 ``elsewhere``: in the ``control`` alias (``CONTROL_DATABASE``, ``ControlDatabaseRouter``).
+``same-alter`` (after ``same``, in a new process since the models change): an existing key with
+rows and a foreign key to it takes ``db_default=KeyFunction()`` (an ``AlterField``).
 Prints a JSON result on its last line.
 """
 
@@ -25,6 +27,15 @@ from snowflake_db.django import KeyFunction, SnowflakeAutoField, SnowflakeField
 class Order(models.Model):
     id = SnowflakeAutoField(primary_key=True, db_default=KeyFunction())
     name = models.CharField(max_length=20)
+
+
+class Basket(models.Model):
+    id = SnowflakeAutoField(primary_key=True{basket_default})
+    name = models.CharField(max_length=20)
+
+
+class Item(models.Model):
+    basket = models.ForeignKey(Basket, on_delete=models.CASCADE)
 
 
 class Ticket(models.Model):
@@ -65,7 +76,7 @@ def _write_app(workdir: Path) -> Path:
     (app / "__init__.py").write_text("")
     (app / "migrations" / "__init__.py").write_text("")
     (app / "migrations" / "0001_key_function.py").write_text(FUNCTION_MIGRATION)
-    (app / "models.py").write_text(MODELS)
+    (app / "models.py").write_text(MODELS.format(basket_default=""))
     return app
 
 
@@ -130,8 +141,51 @@ def _migrate(*args: str, database: str = "default") -> None:
     call_command("migrate", *args, database=database, verbosity=0, stdout=io.StringIO())
 
 
+def alter(workdir: Path) -> dict[str, Any]:
+    """An existing key takes the database default: AlterField, the trigger, raw inserts."""
+    app = workdir / "keyapp"
+    (app / "models.py").write_text(MODELS.format(basket_default=", db_default=KeyFunction()"))
+    _setup("same", workdir)
+    from django.core.management import call_command
+    from django.db import connection
+    from keyapp.models import Basket, Item  # type: ignore[import-not-found]
+
+    from snowflake_db.django import decode
+
+    quiet = {"verbosity": 0, "stdout": io.StringIO()}
+    old = Basket.objects.create(name="old")
+    Item.objects.create(basket=old)
+    call_command("makemigrations", "keyapp", **quiet)
+    altered = sorted((app / "migrations").glob("0004_*.py"))[0]
+    (app / "migrations" / "0005_basket_trigger.py").write_text(
+        TRIGGER_MIGRATION.format(previous=altered.stem).replace(
+            'InstallKeyTrigger("order"), InstallKeyTrigger("ticket", "number")',
+            'InstallKeyTrigger("basket")',
+        )
+    )
+    result: dict[str, Any] = {"migration": altered.read_text()}
+    _migrate()
+    try:
+        call_command("makemigrations", "--check", "--dry-run", **quiet)
+        result["check_clean"] = True
+    except SystemExit as exit_:
+        result["check_clean"] = exit_.code == 0
+    with connection.cursor() as cursor:
+        raw = _raw_rows(cursor, "keyapp_basket", "id", ["raw1", "raw2"])
+    Item.objects.create(basket_id=raw[0])  # the ORM refers to a row the database keyed
+    result["raw_workers"] = sorted({decode(key).worker_id for key in raw})
+    result["function_worker"] = _function_slots("default")[0]["worker_id"]
+    result["old_kept"] = Basket.objects.filter(pk=old.pk, item__isnull=False).exists()
+    result["items"] = Item.objects.count()
+    result["app_worker"] = decode(Basket.objects.create(name="app").pk).worker_id
+    return result
+
+
 def main() -> None:
     mode, workdir = sys.argv[1], Path(sys.argv[2])
+    if mode == "same-alter":
+        print(json.dumps(alter(workdir)))
+        return
     app = _write_app(workdir)
     _setup(mode, workdir)
     from django.core.management import call_command

@@ -103,6 +103,25 @@ def test_raw_inserts_get_keys_from_the_migrated_function(
     assert len(result["raw_after_remigrate"]) == 1
 
 
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_an_existing_key_with_rows_takes_the_default(
+    database_factory: Callable[[str], ScratchDatabase], backend: str, tmp_path: Path
+) -> None:
+    """The recipe's path for existing tables: ``db_default=KeyFunction()`` added to a key that
+    has rows and a foreign key to it is an ``AlterField``; then raw inserts get keys."""
+    databases = {"default": django_database(database_factory(backend).url)}
+    run_step("tests.django.keys_scenario", "same", tmp_path, "KEYS_DATABASES", databases)
+    result = run_step(
+        "tests.django.keys_scenario", "same-alter", tmp_path, "KEYS_DATABASES", databases
+    )
+    assert "migrations.AlterField(" in result["migration"]
+    assert "db_default=snowflake_db.django.KeyFunction()" in result["migration"]
+    assert result["check_clean"] is True
+    assert result["raw_workers"] == [result["function_worker"]]
+    assert result["old_kept"] is True and result["items"] == 2
+    assert result["app_worker"] == 3
+
+
 # -- bad arguments, SQLite, checks (no server needed) -------------------------------------------
 
 
