@@ -6,12 +6,14 @@ extension point: ``fields``, ``apps``, ``models`` (worker tables) and ``migratio
 ``conf`` (the ``SNOWFLAKE_DB`` setting), ``checks``, ``management`` (``manage.py snowflake``),
 ``rest_framework``, ``json`` and ``admin``; for sharded tables, ``sharding`` (database router,
 manager) and ``operations`` (PostgreSQL partitioning migrations); ``public_ids`` (public order
-numbers on models, URLs, the admin and REST framework).
+numbers on models, URLs, the admin and REST framework); ``database_keys`` (``KeyFunction``, a
+column's database default for raw SQL inserts, and its migration operations).
 """
 
 from __future__ import annotations
 
 from ..layout import SnowflakeId
+from .database_keys import KeyFunction
 from .fields import (
     EagerSnowflakeAutoField,
     SnowflakeAutoField,
@@ -21,6 +23,7 @@ from .fields import (
 
 __all__ = [
     "EagerSnowflakeAutoField",
+    "KeyFunction",
     "SnowflakeAutoField",
     "SnowflakeField",
     "decode",

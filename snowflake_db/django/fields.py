@@ -211,6 +211,20 @@ class SnowflakeAutoField(models.BigAutoField):
         meta.auto_field = self
         _wrap_insert(cls)
 
+    def get_default(self) -> Any:
+        """``None`` for a new object, also with ``db_default=KeyFunction()``: the database
+        default is for rows the application does not insert, and the key stays ``None`` until
+        the row is written, as an ``AutoField``'s (Django's own ``db_default`` would put a
+        ``DatabaseDefault`` expression there, which its unsaved-object checks take for a key)."""
+        if self.has_db_default() and not self.has_default():
+            return None
+        return super().get_default()
+
+    def check(self, **kwargs: Any) -> list[Any]:
+        from .database_keys import check_key_default
+
+        return [*super().check(**kwargs), *check_key_default(self, kwargs.get("databases"))]
+
     def get_pk_value_on_save(self, instance: Any) -> int | None:
         """The key for an object being inserted with ``pk`` None.
 
@@ -347,6 +361,11 @@ class SnowflakeField(models.BigIntegerField):
         kwargs.setdefault("unique", True)
         kwargs.setdefault("editable", False)
         super().__init__(*args, **kwargs)
+
+    def check(self, **kwargs: Any) -> list[Any]:
+        from .database_keys import check_key_default
+
+        return [*super().check(**kwargs), *check_key_default(self, kwargs.get("databases"))]
 
     def get_db_prep_save(self, value: Any, connection: BaseDatabaseWrapper) -> Any:
         if connection.vendor == "mysql":

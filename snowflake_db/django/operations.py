@@ -4,7 +4,9 @@
 these operations compute it from the layout when the migration runs, and skip databases that are
 not PostgreSQL or that the routers keep the model off (like ``RunSQL`` with ``hints``). The DDL
 is :mod:`snowflake_db.sharding.partitioning`'s. ``CreateShardedOrders`` (postgres_fdw shards,
-Spider) lives in :mod:`snowflake_db.django.sharded_orders`.
+Spider) lives in :mod:`snowflake_db.django.sharded_orders`; ``InstallKeyFunction`` and
+``InstallKeyTrigger`` (keys from the database for raw SQL inserts) in
+:mod:`snowflake_db.django.database_keys`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from django.db.migrations.operations.base import Operation
 
 from ..layout import Layout
 from ..sharding import partitioning
+from .database_keys import InstallKeyFunction, InstallKeyTrigger
 from .sharded_orders import CreateShardedOrders
 
 __all__ = [
@@ -23,6 +26,8 @@ __all__ = [
     "CreateShardPartitionedTable",
     "CreateShardedOrders",
     "CreateTimePartitionedTable",
+    "InstallKeyFunction",
+    "InstallKeyTrigger",
 ]
 
 
