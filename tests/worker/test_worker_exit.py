@@ -123,7 +123,11 @@ def test_recycled_billiard_pool_workers_release_their_slots(
     parent_worker = snowflake_db.get_generator().worker_id
     pool = billiard.Pool(2, maxtasksperchild=1)
     try:
-        results = pool.map_async(issue_ids, range(BILLIARD_TASKS), chunksize=1).get(timeout=600)
+        # One job per task, as Celery sends them. A map is one job for all its tasks: billiard
+        # fails it with WorkerLostError once 10 s pass after a recycled worker's exit without
+        # the whole map done, which a slow fork under load made happen once.
+        jobs = [pool.apply_async(issue_ids, (task,)) for task in range(BILLIARD_TASKS)]
+        results = [job.get(timeout=600) for job in jobs]
         pool.close()
         _join_bounded(pool, 60)
     finally:
