@@ -7,6 +7,7 @@ worker bits, carries across the worker field and ``setval`` jumps all happen und
 from __future__ import annotations
 
 import threading
+import time
 from array import array
 from typing import Any
 
@@ -16,6 +17,8 @@ from sqlalchemy.exc import DBAPIError
 
 from snowflake_db import Layout
 from snowflake_db.clock import wall_clock
+from snowflake_db.key_functions import _postgres
+from snowflake_db.key_functions._spec import FunctionSpec
 
 from ..plugins.databases import ScratchDatabase
 from .support import install, last_id, set_last_id, worker_tables_in
@@ -205,5 +208,67 @@ def test_the_drop_removes_both_sequences(postgres_db: ScratchDatabase) -> None:
                 text("SELECT relname FROM pg_class WHERE relname LIKE 'mid_next_id%'")
             ).all()
         assert left == []
+    finally:
+        engine.dispose()
+
+
+def test_values_fetched_while_a_slow_path_may_setval_are_never_used(
+    postgres_db: ScratchDatabase,
+) -> None:
+    """This test plays a slow path by hand, exactly as the function does it: lock, guard odd,
+    read ``last_value``, ``setval`` to the worker's first ID of the tick, guard even, unlock.
+    Between the read and the ``setval`` two callers fetch the next two values; the second is
+    the function's own (worker bits, tick), but fetched while the guard was odd, so it is
+    refused, and the ``setval`` (one step back over it) hands it out once, after the unlock."""
+    engine = create_engine(postgres_db.url, pool_size=4)
+    step = 1 << SMALL.sequence_shift
+    try:
+        worker_tables_in(engine)
+        # a tolerance of 60 s keeps a tick 30 s ahead acceptable however slow the machine is
+        worker = install(
+            engine, name="hand_next_id", layout=SMALL, label="hand", rollback_tolerance_ms=60_000
+        )
+        first = SMALL.encode(timestamp_ms=wall_clock() + 30_000, worker_id=worker, sequence=0)
+        set_last_id(engine, first - 2 * step, function="hand_next_id")
+        lock = f"{_postgres.ADVISORY_LOCK_CLASS}, {FunctionSpec('hand_next_id', None).lock_key}"
+        got: dict[str, int] = {}
+        errors: list[BaseException] = []
+
+        def call(who: str) -> None:
+            try:
+                with engine.connect() as conn:
+                    got[who] = conn.scalar(text("SELECT hand_next_id()"))
+                    conn.commit()
+            except BaseException as error:  # pragma: no cover - reported below
+                errors.append(error)
+
+        def state(conn: Any) -> int:
+            return int(conn.scalar(text("SELECT pg_sequence_last_value('hand_next_id_state')")))
+
+        def await_state(conn: Any, value: int) -> None:
+            deadline = time.monotonic() + 60
+            while state(conn) != value:
+                assert time.monotonic() < deadline, "a caller never fetched its value"
+                time.sleep(0.005)
+
+        with engine.connect() as slow, engine.connect() as watch:
+            slow.execute(text(f"SELECT pg_advisory_lock({lock})"))
+            slow.execute(text("SELECT nextval('hand_next_id_guard')"))  # odd
+            last = state(slow)
+            assert last == first - 2 * step
+            callers = [threading.Thread(target=call, args=(who,)) for who in ("f", "g")]
+            callers[0].start()  # fetches first - step (worker - 1): refused, waits for the lock
+            await_state(watch, first - step)
+            callers[1].start()  # fetches first (its own worker and tick): refused, guard odd
+            await_state(watch, first)
+            assert got == {}  # neither returned while the guard was odd
+            slow.execute(text(f"SELECT setval('hand_next_id_state', {first - step}, true)"))
+            slow.execute(text("SELECT nextval('hand_next_id_guard')"))  # even
+            slow.execute(text(f"SELECT pg_advisory_unlock({lock})"))
+            slow.commit()
+            for caller in callers:
+                caller.join(60)
+        assert not errors, errors
+        assert sorted(got.values()) == [first, first + step]
     finally:
         engine.dispose()
