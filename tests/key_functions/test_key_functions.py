@@ -139,8 +139,11 @@ def test_clock_behind_the_last_id_is_refused(db: ScratchDatabase) -> None:
                 with pytest.raises(DBAPIError, match=refused):
                     conn.execute(text("INSERT INTO events (who) VALUES ('x')"))
                 conn.rollback()
-        # nothing issued: the state only moved past the values refused (at most 2 a call)
-        assert ahead < last_id(engine, worker_id) <= ahead + 6
+        state = last_id(engine, worker_id)
+        if db.backend == "postgresql":  # its state moved only past values refused, 2 a call
+            assert state is not None and ahead < state <= ahead + 6
+        else:
+            assert state == ahead  # MariaDB: nothing issued, state untouched
         with engine.connect() as conn:
             assert conn.scalar(text("SELECT count(*) FROM events")) == 0
     finally:
