@@ -5,24 +5,31 @@ The function's worker ID is a slot of the allocator's slots table reserved *perm
 set, ``expires_at_ms`` NULL), so no application process can ever hold it: application IDs and
 server IDs differ in their worker bits and never collide.
 
-State: the state sequence (``CACHE 1``, ``INCREMENT BY`` one step of the sequence field) holds
-the last ID handed out; sequence updates are non-transactional (seen by every session at once,
-never rolled back). Fast path, no lock: ``v := nextval()``; ``v`` is used only if its worker and
-shard bits are the function's, its tick is the clock's or ahead of it within the rollback
-tolerance, and the guard sequence was even and unchanged around the ``nextval``. Otherwise the
-slow path takes a session advisory lock and calls ``nextval`` again; only it calls ``setval``, to
-jump to the current tick's first ID (or after waiting, bounded, for the next tick: a tick's
-sequence part never wraps), with the guard made odd before it reads ``last_value`` and even
-after the ``setval``.
+State: the state sequence (``CACHE 1``, ``INCREMENT BY`` one step of the sequence field,
+``MAXVALUE`` the layout's largest ID) holds the last value handed out; sequence updates are
+non-transactional (seen by every session at once, never rolled back). Fast path, no lock:
+``v := nextval()``, used only if its worker and shard bits are the function's, its tick is the
+clock's or ahead within the rollback tolerance, and the guard sequence was even and unchanged
+around the ``nextval``. Otherwise the slow path takes a session advisory lock (released also on
+error) and calls ``nextval`` again; only it calls ``setval``: to the worker's first ID of the
+current tick minus one step, or, when the worker's part of the tick is used up, after waiting
+(bounded) for the next tick, so a tick's sequence part never wraps. It makes the guard odd
+before it reads ``last_value`` and even after the ``setval``.
 
-No duplicates: ``nextval`` never returns a value twice unless a ``setval`` moves the sequence
-back, and every ``setval`` leaves the next value above the ``last_value`` it read. A value
-handed out before that read is below it; one handed out between the read and the ``setval``
-was fetched while the guard was odd or changed across the fetch, so no path used it (the
-slow path's own ``nextval`` calls run under the lock, when no ``setval`` can interleave). Values
-refused are never used, only skipped. After a crash a sequence resumes at or past its last
-logged value (logged ahead), so it may skip values, never repeat them; a guard left odd by a
-crash or a killed session is made even by the next slow path.
+No duplicates: ``nextval`` returns a value twice only if a ``setval`` moves the sequence back,
+and every ``setval`` makes the next value exceed the ``last_value`` L it read. A value fetched
+before that read is <= L. One fetched between the read and the ``setval`` may be fetched again
+after it (a plain "re-read, ``setval`` if still behind" is not enough: other sessions'
+``nextval`` calls can carry the sequence through other workers' bits into this worker's part of the
+tick before the ``setval``), but it was fetched while the guard was odd or changed, so it was
+refused; the slow path's own ``nextval`` calls run under the lock. Refused values are skipped, never
+used, and every used value carries the function's worker bits, which no application process
+holds. A carry out of the sequence field lands in another worker's bits (refused); a chain of
+refused values through every other worker reaches this worker's part of a later tick, used only
+within the tolerance ahead of the clock, as the generator goes on ahead of a clock stepped back.
+After a crash a sequence resumes at or past its last logged value (WAL-logged ahead), so values
+may be skipped, never repeated; a guard left odd is made even by the next slow path. A standby
+cannot call ``nextval``.
 """
 
 from __future__ import annotations
@@ -45,6 +52,9 @@ __all__ = ["create_function_sql", "drop_function_sql", "last_issued_id"]
 ADVISORY_LOCK_CLASS = 0x534E
 #: pg_sleep between looks at the clock while waiting for the next tick.
 _SLEEP_S = 0.0002
+#: Slow path rounds (nextval, maybe setval) per call before giving up: a round ends in a use, a
+#: bounded wait, or a setval after which only other sessions' values can come first.
+_MAX_TRIES = 1000
 
 
 def create_function_sql(
@@ -63,7 +73,8 @@ def create_function_sql(
     fn = spec.qualified(spec.name)
     seq = spec.qualified(spec.sequence)
     guard = spec.qualified(spec.guard_sequence)
-    seq_oid = "'" + seq.replace("'", "''") + "'::regclass"
+    seq_literal = "'" + seq.replace("'", "''") + "'"
+    seq_oid = f"{seq_literal}::regclass"
     guard_oid = "'" + guard.replace("'", "''") + "'::regclass"
     step = 1 << layout.sequence_shift
     worker_part = worker_id << layout.worker_shift
@@ -88,6 +99,7 @@ DECLARE
     base bigint;
     target bigint;
     waited integer := 0;
+    tries integer := 0;
     guarded boolean := false;
 BEGIN
     -- fast path: no lock; v is used only if no setval can have run around its nextval
@@ -107,6 +119,11 @@ BEGIN
             PERFORM nextval({guard_oid});  -- left odd by a crash or a killed session
         END IF;
         LOOP
+            tries := tries + 1;
+            IF tries > {_MAX_TRIES} THEN  -- each setval is followed by a use or a wait
+                RAISE EXCEPTION 'snowflake_db: the state sequence %% did not reach the '
+                    'function''s part of the tick', {seq_literal};
+            END IF;
             v := nextval({seq_oid});
             now_tick := {clock};
             IF now_tick > {layout.max_tick} THEN

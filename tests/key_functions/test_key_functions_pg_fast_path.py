@@ -6,6 +6,7 @@ worker bits, carries across the worker field and ``setval`` jumps all happen und
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from array import array
@@ -64,7 +65,7 @@ def test_8_sessions_across_used_up_ticks_never_repeat_an_id(postgres_db: Scratch
             except BaseException as error:  # pragma: no cover - reported below
                 errors.append(error)
             with lock:
-                results[function.split("_")[0]].append(ids)
+                results[function.split("_", maxsplit=1)[0]].append(ids)
 
         threads = [
             threading.Thread(target=caller, args=("mid_next_id", CALLS)) for _ in range(SESSIONS)
@@ -94,7 +95,7 @@ def test_8_sessions_across_used_up_ticks_never_repeat_an_id(postgres_db: Scratch
             assert parts == {(worker, 0)}
         # each session's IDs increase, and ticks were used up (16 IDs), never wrapped
         for part in results["mid"]:
-            assert all(a < b for a, b in zip(part, part[1:], strict=False))
+            assert all(a < b for a, b in itertools.pairwise(part))
         per_tick: dict[int, int] = {}
         for i in mid_ids:
             tick = i >> SMALL.time_shift
