@@ -36,8 +36,9 @@ flush, which hides some of it): compare ratios within a server, not rates across
 
 ``--profile`` takes the function apart on PostgreSQL 18: bare calls in one session
 (``SELECT snowflake_next_id()`` vs ``SELECT nextval()``) and copies of its body created in the
-scratch database with one cost removed each (no exception block, no advisory lock, no
-``setval``; the last two are unsafe and only called bare), plus raw SQL rows for the copy
+scratch database with one cost removed each (the slow path's exception block or advisory
+lock, the fast path's guard reads; the last two are unsafe and only called bare, as is the copy
+with an unlogged state), plus raw SQL rows for the copy
 without the exception block (still safe in 8 sessions), to name the lever when a target is
 missed. They never replace the installed function.
 
@@ -103,9 +104,9 @@ MARIA_KINDS = {
     "uuid7": Kind("UUID_v7()", "id uuid PRIMARY KEY DEFAULT UUID_v7()", True),
 }
 PROFILE_KINDS = {
-    "fn_no_exception": "without the EXCEPTION block (no subtransaction per call)",
-    "fn_no_lock": "without the advisory lock (unsafe: one session only)",
-    "fn_no_setval": "without setval (state kept nowhere: unsafe, cost only)",
+    "fn_no_exception": "without the slow path's EXCEPTION block (no subtransaction)",
+    "fn_no_lock": "without the slow path's advisory lock (unsafe: one session only)",
+    "fn_no_guard": "fast path without the guard reads (unsafe, cost only)",
     "fn_unlogged": "its state in an UNLOGGED sequence (setval writes no WAL; a crash resets it)",
 }
 
@@ -345,8 +346,9 @@ def _variant_sql(conn: Any, variant: str) -> str:
                         source, flags=re.S)
     elif variant == "fn_no_lock":
         source = re.sub(r"PERFORM pg_advisory_(un)?lock\([^)]*\);", "NULL;", source)
-    elif variant == "fn_no_setval":
-        source = re.sub(r"PERFORM setval\([^;]*;", "NULL;", source)
+    elif variant == "fn_no_guard":
+        source = re.sub(r"g := pg_sequence_last_value\([^;]*;", "g := 0;", source, count=1)
+        source = re.sub(r"\s*AND pg_sequence_last_value\([^)]*\) = g", "", source, count=1)
     elif variant == "fn_unlogged":
         conn.execute(text("CREATE UNLOGGED SEQUENCE fn_unlogged_state AS bigint MINVALUE -1 "
                           "START WITH -1"))

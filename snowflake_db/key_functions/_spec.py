@@ -53,6 +53,12 @@ class FunctionSpec:
         table (MariaDB) named ``<name>_state``."""
         return f"{self.name}_state"[:63]
 
+    @property
+    def guard_sequence(self) -> str:
+        """PostgreSQL: the counter a slow path makes odd while it may ``setval`` the state
+        sequence (``<name>_guard``; never the state's name, even when both are truncated)."""
+        return f"{self.name[:56]}_guard"
+
     def quote(self, name: str) -> str:
         return f"`{name}`" if self.backend == "mariadb" else f'"{name}"'
 
