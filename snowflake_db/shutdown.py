@@ -124,6 +124,29 @@ def _release_then_chain(signum: int, frame: FrameType | None) -> None:
     _chain(signum, frame)
 
 
+#: Signals a thread raises by its own fault (and the two no process can catch): never blocked.
+_THREAD_SIGNALS = frozenset(
+    getattr(signal, name)
+    for name in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS", "SIGKILL",
+                 "SIGSTOP")
+    if hasattr(signal, name)
+)
+
+
+def keep_signals_off_this_thread() -> None:
+    """Block the signals sent to the whole process in the calling (background) thread.
+
+    The kernel hands a process-directed signal to any thread that does not block it. Python
+    runs its handler in the main thread only, when that thread next runs Python code: a
+    SIGTERM that lands on a library thread while the main thread waits in C without a timeout
+    (a pool child idle in its task queue's lock) is never handled, and ``Pool.terminate()``
+    waits for that child for ever (seen once: a pool child with a lease, SIGTERM caught on its
+    heartbeat thread). Blocked here, such signals go to the main thread, whose wait they end.
+    """
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals() - _THREAD_SIGNALS)
+
+
 def _run_release_hooks(wait_seconds: float) -> None:
     """Run the hooks in a helper thread and wait for them at most ``wait_seconds``; inline in a
     process that may start no thread (forked without Python's hooks and not repaired)."""
@@ -133,6 +156,7 @@ def _run_release_hooks(wait_seconds: float) -> None:
     done = threading.Event()
 
     def release() -> None:
+        keep_signals_off_this_thread()
         try:
             _run_hooks()
         finally:

@@ -36,6 +36,7 @@ from ..errors import (
     MissingExtraError,
     NotConfiguredError,
 )
+from ..shutdown import keep_signals_off_this_thread
 
 try:
     from prometheus_client import Counter, Gauge, values
@@ -181,6 +182,7 @@ class MultiprocessPublisher:
         threading.Thread(target=self._run, name="snowflake-db-prometheus", daemon=True).start()
 
     def _run(self) -> None:
+        keep_signals_off_this_thread()
         while True:
             time.sleep(self.interval_seconds)
             self._publish_logged()

@@ -65,6 +65,7 @@ from ..errors import (
 from ..generator import SnowflakeGenerator
 from ..layout import DEFAULT_LAYOUT, Layout, require_layout
 from ..process import current_generator, get_generator
+from ..shutdown import keep_signals_off_this_thread
 from .engines import ROUTING_ENGINES
 
 if TYPE_CHECKING:
@@ -861,6 +862,7 @@ def _background_checks(
     refresh_s: float,
 ) -> None:
     """Check the map every ``refresh_s`` until the router is closed or collected."""
+    keep_signals_off_this_thread()
     while not stop.wait(refresh_s):
         router = router_ref()
         if router is None:

@@ -44,6 +44,7 @@ from .._validate import require_int, require_seconds
 from ..clock import Clock, monotonic
 from ..errors import InvalidArgumentError
 from ..metrics import MetricsRecorder
+from ..shutdown import keep_signals_off_this_thread
 from . import _clock_skew
 from ._claims import ClaimedSlot
 from ._store import WorkerStore
@@ -264,6 +265,7 @@ class Heartbeat:
             return None
 
     def _run(self) -> None:
+        keep_signals_off_this_thread()
         renewer = self._renewer
         while True:
             due = self._due()
@@ -458,7 +460,7 @@ class LeaseRenewer:
             return
         else:
             thread = threading.Thread(
-                target=self._renew_in_turn,
+                target=self._renew_in_thread,
                 args=(lease, turn),
                 name="snowflake_db-renewal",
                 daemon=True,
@@ -486,6 +488,10 @@ class LeaseRenewer:
             return True
         remaining = lease.valid_until - monotonic()
         return 0 < remaining <= self.hold_seconds and running.wait(remaining)
+
+    def _renew_in_thread(self, lease: TableLease, turn: threading.Event) -> None:
+        keep_signals_off_this_thread()
+        self._renew_in_turn(lease, turn)
 
     def _renew_in_turn(self, lease: TableLease, turn: threading.Event) -> None:
         schedule = lease.schedule

@@ -7,9 +7,14 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
+
+from snowflake_db import SnowflakeGenerator
+from snowflake_db.worker import TableWorkerAllocator
 
 from ..plugins.databases import ScratchDatabase
 from ..plugins.scheduler_delay import SchedulerDelay
@@ -113,3 +118,33 @@ def test_installing_twice_is_refused(sqlite_db: ScratchDatabase) -> None:
     assert child.returncode == 0, child.stderr
     assert child.stdout.startswith("SignalHandlersError ")
     assert "already called in this process (for SIGTERM, SIGINT); call it once" in child.stdout
+
+
+def _blocked_signals(native_id: int) -> set[int]:
+    """The signals thread ``native_id`` of this process blocks (its SigBlk mask in /proc)."""
+    status = Path(f"/proc/self/task/{native_id}/status").read_text()
+    mask = int(next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1],
+               16)
+    return {signum for signum in range(1, 65) if mask >> (signum - 1) & 1}
+
+
+def test_library_threads_leave_process_signals_to_the_main_thread(
+    sqlite_db: ScratchDatabase,
+) -> None:
+    """A SIGTERM the kernel hands to the heartbeat thread is handled only when the main thread
+    runs Python again: a pool child idle in its queue's lock never did, and Pool.terminate()
+    waited for it for ever. The heartbeat and caller-renewal threads block such signals."""
+    with TableWorkerAllocator(sqlite_db.url_string, lease_seconds=6) as allocator:
+        generator = SnowflakeGenerator(allocator=allocator)
+        generator.next_id()  # the lease, and its heartbeat thread
+        threads = [thread for thread in threading.enumerate()
+                   if thread is not threading.main_thread() and thread.name.startswith(
+                       "snowflake_db") and thread.native_id is not None]
+        assert threads, [thread.name for thread in threading.enumerate()]
+        for thread in threads:
+            assert thread.native_id is not None
+            assert {signal.SIGTERM, signal.SIGINT} <= _blocked_signals(thread.native_id), thread
+            assert signal.SIGSEGV not in _blocked_signals(thread.native_id)
+        main_id = threading.main_thread().native_id
+        assert main_id is not None and signal.SIGTERM not in _blocked_signals(main_id)
+        generator.close()
