@@ -858,14 +858,7 @@ def test_two_movers_journal_lines_at_once_never_deadlock(setup: Setup) -> None:
             b = threading.Thread(target=mover_b, daemon=True)
             b.start()
 
-            def b_waits_or_ended() -> bool:
-                if b_done.is_set():
-                    return True
-                with setup.control.connect() as probe:
-                    return bool(probe.exec_driver_sql(
-                        "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
-                        "WHERE trx_state = 'LOCK WAIT'").scalar())
-            wait_until(b_waits_or_ended, timeout_s=30, what="mover B's line written or waiting")
+            _wait_until_lock_wait_or_done(setup, b_done, "mover B's line written or waiting")
             try:
                 _append(a, tables, first, "capture", status="started")
             except OperationalError as error:
@@ -883,6 +876,20 @@ def test_two_movers_journal_lines_at_once_never_deadlock(setup: Setup) -> None:
     assert [tuple(line) for line in lines] == [
         (first, 1, "plan", "done"), (first, 2, "check", "done"),
         (first, 3, "capture", "started"), (second, 1, "plan", "done")]
+
+
+def _wait_until_lock_wait_or_done(setup: Setup, done: threading.Event, what: str) -> None:
+    """Until ``done`` is set or a transaction on the control database waits for a row lock."""
+
+    def waiting_or_done() -> bool:
+        if done.is_set():
+            return True
+        with setup.control.connect() as probe:
+            return bool(probe.exec_driver_sql(
+                "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+                "WHERE trx_state = 'LOCK WAIT'").scalar())
+
+    wait_until(waiting_or_done, timeout_s=30, what=what)
 
 
 def test_processes_reporting_their_map_for_the_first_time_at_once_never_deadlock(
@@ -924,14 +931,7 @@ def test_processes_reporting_their_map_for_the_first_time_at_once_never_deadlock
             b = threading.Thread(target=process_b, daemon=True)
             b.start()
 
-            def b_waits_or_ended() -> bool:
-                if b_done.is_set():
-                    return True
-                with setup.control.connect() as probe:
-                    return bool(probe.exec_driver_sql(
-                        "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
-                        "WHERE trx_state = 'LOCK WAIT'").scalar())
-            wait_until(b_waits_or_ended, timeout_s=30, what="B's report written or waiting")
+            _wait_until_lock_wait_or_done(setup, b_done, "B's report written or waiting")
             try:
                 report_seen(a, worker_id=13, lease_token="13" * 16, version=1)
             except OperationalError as error:
