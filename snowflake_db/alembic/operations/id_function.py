@@ -9,6 +9,7 @@ worker slot reservation.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from alembic.operations import Operations
 from sqlalchemy import Connection
@@ -127,38 +128,27 @@ def _bind(operations: Operations, what: str, mariadb_only: bool = False) -> Conn
     return bind
 
 
+def _where(op: _SnowflakeIdFunctionOp) -> dict[str, Any]:
+    """What install and drop both take: the function's name and place, its slot's place."""
+    return {
+        "name": op.name, "schema": op.schema, "layout": op.layout, "label": op.label,
+        "control_url": op.control_url, "slots_table": op.slots_table,
+        "registrations_table": op.registrations_table, "slots_schema": op.slots_schema,
+    }
+
+
 @Operations.implementation_for(CreateSnowflakeIdFunctionOp)
 def _create_function(operations: Operations, op: CreateSnowflakeIdFunctionOp) -> None:
     bind = _bind(operations, "create_snowflake_id_function")
     install_key_function(
-        bind,
-        name=op.name,
-        schema=op.schema,
-        layout=op.layout,
-        label=op.label,
-        control_url=op.control_url,
-        slots_table=op.slots_table,
-        registrations_table=op.registrations_table,
-        slots_schema=op.slots_schema,
-        rollback_tolerance_ms=op.rollback_tolerance_ms,
+        bind, **_where(op), rollback_tolerance_ms=op.rollback_tolerance_ms
     )
 
 
 @Operations.implementation_for(DropSnowflakeIdFunctionOp)
 def _drop_function(operations: Operations, op: DropSnowflakeIdFunctionOp) -> None:
     bind = _bind(operations, "drop_snowflake_id_function")
-    drop_key_function(
-        bind,
-        name=op.name,
-        schema=op.schema,
-        layout=op.layout,
-        label=op.label,
-        control_url=op.control_url,
-        slots_table=op.slots_table,
-        registrations_table=op.registrations_table,
-        slots_schema=op.slots_schema,
-        release_worker=op.release_worker,
-    )
+    drop_key_function(bind, **_where(op), release_worker=op.release_worker)
 
 
 @Operations.implementation_for(CreateSnowflakeKeyTriggerOp)
