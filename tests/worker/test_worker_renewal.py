@@ -361,6 +361,33 @@ def slot_row_locked(database: ScratchDatabase, worker_id: int) -> Iterator[None]
         engine.dispose()
 
 
+def test_callers_wait_for_the_heartbeats_running_renewal_once_it_is_due(
+    any_db: ScratchDatabase,
+) -> None:
+    """The heartbeat's renewal is due and running (on time): a caller waits for it, bounded,
+    rather than issue beside it and take the GIL from each of its round trips (which held a
+    renewal a second past its deadline on an overloaded machine)."""
+    # A 30 s lease renewed every second: callers' grace 5.75 s, their wait 0.25 s.
+    with allocator(any_db, lease_seconds=30.0, renew_every=1.0) as alloc:
+        gen = SnowflakeGenerator(allocator=alloc)
+        gen.ensure_worker()
+        lease = _lease(gen)
+        assert _wait_for(lambda: lease.renewals >= 1, 10)
+        with slot_row_locked(any_db, lease.worker_id):
+            assert _wait_for(lambda: lease.renewal_in_flight() is not None, 10)
+            schedule = lease.schedule
+            called_at = time.monotonic()
+            gen.next_id()
+            returned_at = time.monotonic()
+        # The heartbeat's turn, not yet late: a caller used to issue here without waiting.
+        assert schedule.next_renewal_at <= called_at < schedule.next_renewal_at + (
+            schedule.caller_grace
+        )
+        assert lease.caller_waits == 1
+        assert returned_at - called_at >= alloc._renew_for_caller.wait_seconds
+        assert lease.caller_renewals == 0  # it waited for the heartbeat's, started none
+
+
 def test_a_hanging_renewal_holds_callers_only_briefly(
     any_db: ScratchDatabase, scheduler_delay: SchedulerDelay
 ) -> None:
@@ -375,8 +402,9 @@ def test_a_hanging_renewal_holds_callers_only_briefly(
             assert _wait_for(lambda: lease.renewals >= 1, 10)
             with slot_row_locked(any_db, lease.worker_id):
                 locked_at = time.monotonic()
-                # Until the renewal due next is late, callers issue; from then on (all of this
-                # short lease's slack after the callers' grace) they hold off for it.
+                # Until the renewal due next is late, callers issue (from when it is due, in
+                # bounded waits for it); from then on (all of this short lease's slack after the
+                # callers' grace) they hold off for it.
                 late_at = lease.schedule.next_renewal_at + lease.schedule.caller_grace
                 assert _wait_for(
                     lambda: any(e is LeaseExpiredError for e, _ in callers.errors), 15
