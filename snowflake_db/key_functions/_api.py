@@ -12,7 +12,11 @@ from sqlalchemy import Connection, text
 from ..errors import InvalidArgumentError
 from ..generator import DEFAULT_ROLLBACK_TOLERANCE_MS
 from ..layout import DEFAULT_LAYOUT, Layout
-from ..worker._schema import DEFAULT_REGISTRATIONS_TABLE, DEFAULT_SLOTS_TABLE
+from ..worker._schema import (
+    DEFAULT_REGISTRATIONS_TABLE,
+    DEFAULT_SLOTS_TABLE,
+    validate_identifier,
+)
 from . import _mariadb, _postgres
 from ._slots import floor_id, release_slot, reserve_slot, tick_end_ms
 from ._spec import FunctionSpec, SlotPlace, backend_of
@@ -179,6 +183,17 @@ def drop_key_trigger(
         zero_default=zero_default,
     ):
         conn.execute(text(statement))
+
+
+def key_check_name(table: str, column: str = "id") -> str:
+    """MariaDB: the name of the ``CHECK (column <> 0)`` that comes with the trigger's
+    ``DEFAULT 0`` placeholder, ``<table>_<column>_key_trigger_missing``. MariaDB checks it after
+    ``BEFORE INSERT`` triggers, so it refuses only a row the trigger did not give a key: its
+    error names it when the trigger is missing (never installed, dropped, or the table made
+    again without it)."""
+    validate_identifier(table, "table name")
+    validate_identifier(column, "column name")
+    return _mariadb.check_name(table, column)
 
 
 def _mariadb_only(conn: Connection, what: str) -> None:
