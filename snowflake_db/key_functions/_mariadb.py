@@ -326,9 +326,15 @@ def check_name(table: str, column: str) -> str:
     prefix = f"{table}_{column}"
     room = _MAX_NAME - len(CHECK_SUFFIX)
     if len(prefix) > room:
-        digest = f"{zlib.crc32(prefix.encode()):08x}"
-        prefix = f"{prefix[: room - len(digest) - 1]}_{digest}"
+        prefix = _cut(prefix, room)
     return prefix + CHECK_SUFFIX
+
+
+def _cut(name: str, room: int) -> str:
+    """``name`` in ``room`` characters, ending with a hash of the whole (names cut alike stay
+    apart)."""
+    digest = f"{zlib.crc32(name.encode()):08x}"
+    return f"{name[: room - len(digest) - 1]}_{digest}"
 
 
 def _table_sql(spec: FunctionSpec, table: str, table_schema: str | None) -> str:
