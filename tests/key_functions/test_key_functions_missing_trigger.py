@@ -132,3 +132,31 @@ def test_postgresql_has_no_silent_path(postgres_db: ScratchDatabase) -> None:
             assert "null value in column \"id\"" in message, message
     finally:
         engine.dispose()
+
+
+def test_mariadb_trigger_on_a_table_in_another_database(database_factory: Any) -> None:
+    """``table_schema``: the trigger sits in the table's database and calls the function of
+    the connection's database (unqualified, MariaDB would look for it in the trigger's)."""
+    home: ScratchDatabase = database_factory("mariadb")
+    other: ScratchDatabase = database_factory("mariadb")
+    engine = create_engine(home.url)
+    try:
+        worker_tables_in(engine)
+        function_worker = install(engine)
+        schema = other.url.database
+        with engine.begin() as conn:
+            conn.execute(text(f"CREATE TABLE `{schema}`.orders (id BIGINT PRIMARY KEY, c TEXT)"))
+            install_key_trigger(conn, "orders", table_schema=schema)
+            conn.execute(text(f"INSERT INTO `{schema}`.orders (c) VALUES ('raw'), ('raw')"))
+            keys = list(conn.scalars(text(f"SELECT id FROM `{schema}`.orders")))
+        assert len(set(keys)) == 2
+        assert {LAYOUT.decode(key).worker_id for key in keys} == {function_worker}
+        checks = inspect(engine).get_check_constraints("orders", schema=schema)
+        assert [c["name"] for c in checks] == [MISSING]
+        with engine.begin() as conn:
+            from snowflake_db.key_functions import drop_key_trigger
+
+            drop_key_trigger(conn, "orders", table_schema=schema)
+            assert inspect(conn).get_check_constraints("orders", schema=schema) == []
+    finally:
+        engine.dispose()
