@@ -160,3 +160,37 @@ def test_mariadb_trigger_on_a_table_in_another_database(database_factory: Any) -
             assert inspect(conn).get_check_constraints("orders", schema=schema) == []
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+@pytest.mark.parametrize("where", ["here", "control"])
+def test_a_key_function_never_creates_the_worker_tables(
+    database_factory: Any, backend: str, where: str
+) -> None:
+    """Without the worker tables, in this database or the control database, the install is
+    refused with the reason, and nothing is created on either (a slot in tables made on the
+    spot would be one the application's allocators never see)."""
+    from snowflake_db.errors import SnowflakeMigrationError
+    from snowflake_db.key_functions import install_key_function
+
+    db: ScratchDatabase = database_factory(backend)
+    control: ScratchDatabase = database_factory(backend)
+    engine = create_engine(db.url)
+    options = {} if where == "here" else {
+        "control_url": control.url.render_as_string(hide_password=False)
+    }
+    try:
+        with pytest.raises(SnowflakeMigrationError) as caught, engine.begin() as conn:
+            install_key_function(conn, **options)
+        message = str(caught.value)
+        assert "the worker tables snowflake_worker_slots" in message
+        assert (control.url.database if where == "control" else db.url.database) in message
+        assert "op.create_snowflake_worker_tables()" in message
+        for database in (db, control):
+            probe = create_engine(database.url)
+            try:
+                assert inspect(probe).get_table_names() == []
+            finally:
+                probe.dispose()
+    finally:
+        engine.dispose()
