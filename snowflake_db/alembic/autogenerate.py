@@ -14,9 +14,15 @@ from alembic.operations import ops
 from sqlalchemy import BigInteger, Column, Integer, MetaData
 from sqlalchemy import inspect as sa_inspect
 
+from ..key_functions import key_check_name
 from ..sharding.shard_map import TABLE_NAMES as SHARD_MAP_TABLES
 from ..sqlalchemy.columns import is_snowflake_column
-from ..sqlalchemy.key_default import KEY_FUNCTION_INFO_KEY, TRIGGER_DIALECTS, is_trigger_check
+from ..sqlalchemy.key_default import (
+    KEY_FUNCTION_INFO_KEY,
+    TRIGGER_DIALECTS,
+    KeyFunctionDefault,
+    is_trigger_check,
+)
 from ..worker._schema import (
     DEFAULT_LAYOUT_TABLE,
     DEFAULT_REGISTRATIONS_TABLE,
@@ -175,7 +181,10 @@ def process_revision_directives(
         ):
             if context.dialect.name not in TRIGGER_DIALECTS:
                 _without_trigger_checks(upgrade_ops)
-            if _rewrite(upgrade_ops, metadata, context.bind):
+                checked = False
+            else:
+                checked = _with_trigger_checks(upgrade_ops)
+            if _rewrite(upgrade_ops, metadata, context.bind) or checked:
                 upgrade_ops.reverse_into(downgrade_ops)
 
 
@@ -190,6 +199,37 @@ def _without_trigger_checks(upgrade_ops: ops.UpgradeOps) -> None:
             op.columns = [
                 _unmarked(item) for item in op.columns if not is_trigger_check(item)
             ]
+
+
+def _with_trigger_checks(upgrade_ops: ops.UpgradeOps) -> bool:
+    """MariaDB: an existing table whose column takes ``key_function=`` (a new column, or a
+    server default changed to the placeholder) gets the ``CHECK`` too, which Alembic does not
+    compare; whether any was added."""
+    added = False
+    for table_ops in upgrade_ops.ops:
+        if not isinstance(table_ops, ops.ModifyTableOps):
+            continue
+        checks: list[ops.MigrateOperation] = []
+        for op in table_ops.ops:
+            column = None
+            if isinstance(op, ops.AddColumnOp) and op.column.info.get(KEY_FUNCTION_INFO_KEY):
+                column = op.column.name
+            elif isinstance(op, ops.AlterColumnOp) and isinstance(
+                getattr(op.modify_server_default, "arg", None), KeyFunctionDefault
+            ):
+                column = op.column_name
+            if column is not None:
+                checks.append(
+                    ops.CreateCheckConstraintOp(
+                        key_check_name(table_ops.table_name, column),
+                        table_ops.table_name,
+                        f"`{column}` <> 0",
+                        schema=table_ops.schema,
+                    )
+                )
+        table_ops.ops.extend(checks)
+        added = added or bool(checks)
+    return added
 
 
 def _unmarked(item: Any) -> Any:
