@@ -12,11 +12,7 @@ from sqlalchemy import Connection, text
 from ..errors import InvalidArgumentError
 from ..generator import DEFAULT_ROLLBACK_TOLERANCE_MS
 from ..layout import DEFAULT_LAYOUT, Layout
-from ..worker._schema import (
-    DEFAULT_REGISTRATIONS_TABLE,
-    DEFAULT_SLOTS_TABLE,
-    validate_identifier,
-)
+from ..worker._schema import DEFAULT_REGISTRATIONS_TABLE, DEFAULT_SLOTS_TABLE
 from . import _mariadb, _postgres
 from ._slots import floor_id, release_slot, reserve_slot, tick_end_ms
 from ._spec import FunctionSpec, SlotPlace, backend_of
@@ -204,9 +200,7 @@ def key_check_name(table: str, column: str = "id") -> str:
     ``DEFAULT 0`` placeholder, ``<table>_<column>_key_trigger_missing``. MariaDB checks it after
     ``BEFORE INSERT`` triggers, so it refuses only a row the trigger did not give a key: its
     error names it when the trigger is missing (never installed, dropped, or the table made
-    again without it)."""
-    validate_identifier(table, "table name")
-    validate_identifier(column, "column name")
+    again without it). Any names (the constraint's own is quoted where it is used)."""
     return _mariadb.check_name(table, column)
 
 

@@ -42,6 +42,8 @@ def test_the_check_is_named_for_the_missing_trigger() -> None:
     long = key_check_name("t" * 60, "id")
     assert len(long) <= 64 and long.endswith("_key_trigger_missing")
     assert long != key_check_name("t" * 61, "id")  # a hash keeps truncated names apart
+    # any table name a model may have: the listener runs when the model is declared
+    assert key_check_name("Order Items", "id") == "Order Items_id_key_trigger_missing"
 
 
 def test_mariadb_without_the_trigger_refuses_a_missing_key(mariadb_db: ScratchDatabase) -> None:
