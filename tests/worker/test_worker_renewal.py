@@ -153,9 +153,6 @@ def _assert_unique_and_increasing_per_thread(callers: Callers) -> None:
 # -- the heartbeat is late, the database answers -----------------------------------------------
 
 
-#: How long after a renewal falls due (plus the callers' grace) a caller may take to start it,
-#: besides scheduler delay: callers call every 0.2 ms and the renewal thread starts at once.
-CALLER_START_SLACK_S = 0.25
 
 
 @pytest.mark.slow  # sleep-bound: started early, beside the busy tests
@@ -200,14 +197,17 @@ def test_callers_keep_the_lease_when_the_heartbeat_thread_is_stopped(
         # Every renewal since the stop came through the caller path, and each was recorded.
         assert lease.renewals - renewals == len(starts) - 1 >= 1
         assert lease.caller_renewals == lease.renewals - renewals
-        # Each renewal started as soon as it was due: renew_every after the previous one
-        # started, plus the callers' grace (and not before the previous one returned, nor before
-        # the callers began); the window ended before the next one was late. A loaded scheduler
-        # excuses only the delay the probe measured in between.
+        # Each renewal started once it was due (renew_every after the previous one started, plus
+        # the callers' grace; not before the previous one returned, nor before the callers
+        # began), within half the slack left before the local deadline; and the window ended
+        # before the next one was that late. The callers call every 0.2 ms, so a renewal starts
+        # within milliseconds on an idle machine; a loaded scheduler (the callers' threads and the
+        # renewal's are each its own) excuses only the delay the probe measured in between.
+        slack = (alloc.lease_seconds - alloc.safety_margin - alloc.renew_every - caller_grace) / 2
         late = []
         for i, start in enumerate([*starts[1:], ended]):
             due = max(starts[i] + alloc.renew_every + caller_grace, returns[i], calling_since)
-            allowed = due + scheduler_delay.widen(CALLER_START_SLACK_S, due, start)
+            allowed = due + scheduler_delay.widen(slack, due, start)
             if start > allowed:
                 what = "the window's end" if i == len(starts) - 1 else f"renewal {i + 1}"
                 late.append(f"{what}: {start - due:.2f} s after it was due, "
