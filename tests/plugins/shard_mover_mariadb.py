@@ -44,6 +44,7 @@ from snowflake_db.sharding.shard_map import (
 )
 from snowflake_db.worker import worker_tables
 
+from .fence_events import Attempt, Attempts, FenceClock
 from .shard_moves_mariadb import LAYOUT, MASK, TABLES, Pair, Servers, make_pair
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,6 +170,8 @@ class MapWriter:
     failed: int = 0
     ops: int = 0
     errors: list[str] = field(default_factory=list)
+    #: Every try of every write, with its outcome (tests.plugins.fence_events).
+    attempts: Attempts = field(default_factory=Attempts)
 
     def run(self) -> None:
         generator = SnowflakeGenerator(self.worker_id, layout=LAYOUT)
@@ -217,12 +220,16 @@ class MapWriter:
 
         def work() -> int:
             target = router.target_of_shard(oid & MASK)
-            connection = self.setup.connect(target)
-            try:
-                with connection.cursor() as cursor:
-                    return int(cursor.execute(query, params))
-            finally:
-                connection.close()
+
+            def attempt() -> int:
+                connection = self.setup.connect(target)
+                try:
+                    with connection.cursor() as cursor:
+                        return int(cursor.execute(query, params))
+                finally:
+                    connection.close()
+
+            return self.attempts.run(oid, target, attempt)
 
         def refresh() -> int:
             self.refused += 1
@@ -291,15 +298,34 @@ class Writers:
     def doubtful(self) -> set[int]:
         return set().union(*(w.doubtful for w in self.writers))
 
+    def attempts(self) -> list[Attempt]:
+        """Every writer's attempts (read once the writers stopped)."""
+        return [a for w in self.writers for a in w.attempts.recorded]
+
+
+#: Writers started by the running test, for :func:`stop_leftover_writers` (a test that failed
+#: before ``Writers.stop`` left them issuing IDs and writing in the pytest worker).
+RUNNING: list[Writers] = []
+
+
+def stop_leftover_writers() -> None:
+    """Stop and join (bounded) the writers the test started; call it after every test."""
+    while RUNNING:
+        running = RUNNING.pop()
+        running.stop_event.set()
+        for thread in running.threads:
+            thread.join(60)
+
 
 def start_writers(setup: Setup, ids: tuple[int, ...] = (1, 2)) -> Writers:
     """Writer threads, running (each has acknowledged writes) when this returns."""
     stop = threading.Event()
     writers = [MapWriter(w, setup, stop) for w in ids]
     threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
+    running = Writers(writers, stop, threads)
+    RUNNING.append(running)
     for thread in threads:
         thread.start()
-    running = Writers(writers, stop, threads)
     try:
         wait_until(lambda: all(w.ops >= 10 for w in writers) or not running.alive(),
                    timeout_s=60, what="writers running")
@@ -421,7 +447,9 @@ class MoveThread:
     """``mover.move`` in a thread: its id or its error, and its progress events."""
 
     def __init__(self, mover: ShardMover, shard: int = SHARD, to: str = "b") -> None:
-        self.events: list[str] = []
+        #: The progress events, and when the fence was reported up.
+        self.clock = FenceClock()
+        self.events = self.clock.events
         self.result: int | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, args=(mover, shard, to), daemon=True)
@@ -429,7 +457,7 @@ class MoveThread:
 
     def _run(self, mover: ShardMover, shard: int, to: str) -> None:
         try:
-            self.result = mover.move(shard, to, progress=lambda e: self.events.append(str(e)))
+            self.result = mover.move(shard, to, progress=self.clock)
         except BaseException as error:  # read by the test
             self.error = error
 

@@ -35,7 +35,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from snowflake_db import SnowflakeGenerator
 from snowflake_db.cli import main
 from snowflake_db.sharding import ShardRule
-from snowflake_db.sharding.moved import retry_shard_moved
+from snowflake_db.sharding.moved import retry_shard_moved, shard_moved_error
 from snowflake_db.sharding.moves import (
     STATIC_WORKERS_STEP,
     MoveStoppedError,
@@ -49,6 +49,7 @@ from snowflake_db.sqlalchemy.sharding import ShardedRouting, sharded_sessionmake
 from snowflake_db.worker import worker_tables
 
 from ..plugins.core_support import is_stopped
+from ..plugins.fence_events import Attempts, FenceClock, assert_fence_judged
 from ..plugins.shard_moves import (
     BOTH_CONF,
     LAYOUT,
@@ -101,6 +102,8 @@ class MapWriter:
     failed: int = 0
     ops: int = 0
     errors: list[str] = field(default_factory=list)
+    #: Every try of every write, with its outcome (tests.plugins.fence_events).
+    attempts: Attempts = field(default_factory=Attempts)
 
     def run(self) -> None:
         generator = SnowflakeGenerator(self.worker_id, layout=LAYOUT)
@@ -130,9 +133,13 @@ class MapWriter:
 
         def work() -> int:
             target = router.target_of_shard(oid & MASK)
-            with psycopg.connect(durable(self.setup, target), autocommit=True,
-                                 connect_timeout=3) as conn:
-                return int(conn.execute(query, params).rowcount)
+
+            def attempt() -> int:
+                with psycopg.connect(durable(self.setup, target), autocommit=True,
+                                     connect_timeout=3) as conn:
+                    return int(conn.execute(query, params).rowcount)
+
+            return self.attempts.run(oid, target, attempt)
 
         def refresh() -> None:
             self.refused += 1
@@ -151,11 +158,27 @@ class MapWriter:
         self.acked[oid] = status
 
 
+#: Writers started by the running test: stopped after it whatever happened (a test that failed
+#: before stop_writers left them issuing IDs and writing in the pytest worker, into later tests).
+_running: list[tuple[threading.Event, list[threading.Thread]]] = []
+
+
+@pytest.fixture(autouse=True)
+def _writers_stopped() -> Iterator[None]:
+    yield
+    while _running:
+        stop, threads = _running.pop()
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+
+
 def run_writers(setup: Setup, ids: tuple[int, ...] = (1, 2)
                 ) -> tuple[list[MapWriter], threading.Event, list[threading.Thread]]:
     stop = threading.Event()
     writers = [MapWriter(w, setup, stop) for w in ids]
     threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
+    _running.append((stop, threads))
     for thread in threads:
         thread.start()
     wait_until(lambda: all(w.ops >= 10 for w in writers), timeout_s=30, what="writers running")
@@ -165,12 +188,25 @@ def run_writers(setup: Setup, ids: tuple[int, ...] = (1, 2)
 def stop_writers(writers: list[MapWriter], stop: threading.Event,
                  threads: list[threading.Thread]) -> None:
     ops = sum(w.ops for w in writers)
-    wait_until(lambda: sum(w.ops for w in writers) >= ops + 20 or stop.is_set(), timeout_s=30,
-               what="writes after the move")
-    stop.set()
-    for thread in threads:
-        thread.join(30)
+    try:
+        wait_until(lambda: sum(w.ops for w in writers) >= ops + 20 or stop.is_set(),
+                   timeout_s=30, what="writes after the move")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
     assert [w.errors for w in writers] == [[] for _ in writers]
+
+
+def _assert_fenced_on_a(setup: Setup, move_id: int) -> None:
+    """The move's fence stays on a after it: a write of the shard there is refused with the
+    fence's error naming the shard, the new target and the move."""
+    oid = SnowflakeGenerator(9, layout=LAYOUT).next_id_in_shard(SHARD)
+    with setup.pair.connect("source") as a, pytest.raises(psycopg.Error) as refused:
+        a.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 4, 4)", (oid,))
+    moved = shard_moved_error(refused.value)
+    assert moved is not None, refused.value
+    assert (moved.shard, moved.target, moved.move_id) == (SHARD, "b", move_id)
 
 
 def assert_exactly_once(setup: Setup, move_id: int, acked: dict[int, str],
@@ -253,7 +289,9 @@ class MoveThread:
     """``mover.move`` in a thread: its id or its error, and its progress events."""
 
     def __init__(self, mover: ShardMover, shard: int = SHARD, to: str = "b") -> None:
-        self.events: list[str] = []
+        #: The progress events, and when the fence was reported up.
+        self.clock = FenceClock()
+        self.events = self.clock.events
         self.result: int | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, args=(mover, shard, to), daemon=True)
@@ -261,7 +299,7 @@ class MoveThread:
 
     def _run(self, mover: ShardMover, shard: int, to: str) -> None:
         try:
-            self.result = mover.move(shard, to, progress=lambda e: self.events.append(str(e)))
+            self.result = mover.move(shard, to, progress=self.clock)
         except BaseException as error:  # read by the test
             self.error = error
 
@@ -297,13 +335,20 @@ def test_source_restarted_during_the_copy(clusters: Clusters) -> None:
             moving.result = moving.error.move_id
             assert mover.resume(moving.error.move_id).state == "done"
         assert moving.result is not None
+        fence_up = moving.clock.fence_up or time.monotonic()  # up by the end of the move
         stop_writers(writers, stop, threads)
         acked = {oid: s for w in writers for oid, s in w.acked.items()}
         doubtful = set().union(*(w.doubtful for w in writers))
         assert any(oid & MASK == SHARD for oid in acked)
         drop_hold(setup)
         assert_exactly_once(setup, moving.result, acked, doubtful, preloaded)
-        assert sum(w.refused for w in writers) >= 1  # the fence refused, the retry passed
+        # What the fence did, exactly (whether a writer met it before the flip is chance): it
+        # refused only this shard's writes on a, and none on a was answered once it was up.
+        refused = assert_fence_judged([a for w in writers for a in w.attempts.recorded],
+                                      shard=SHARD, mask=MASK, source="a", target="b",
+                                      move_id=moving.result, fence_up=fence_up)
+        assert refused <= sum(w.refused for w in writers)  # each refusal refreshed the router
+        _assert_fenced_on_a(setup, moving.result)
 
 
 # -- 2. the target unreachable during the copy ---------------------------------------------------

@@ -30,6 +30,7 @@ from sqlalchemy import MetaData, create_engine, insert, update
 from snowflake_db import SnowflakeGenerator
 from snowflake_db.cli import main
 from snowflake_db.errors import ShardMoveError, UnknownShardError
+from snowflake_db.sharding.moved import shard_moved_error
 from snowflake_db.sharding.moves import (
     FENCE_SQLSTATE,
     FORWARD_STEPS,
@@ -46,6 +47,7 @@ from snowflake_db.sharding.shard_map import (
 )
 from snowflake_db.worker import worker_tables
 
+from ..plugins.fence_events import Attempts, FenceClock, assert_fence_judged
 from ..plugins.shard_moves import (
     BOTH_CONF,
     LAYOUT,
@@ -92,6 +94,8 @@ class RoutedWriter:
     refused: int = 0
     ops: int = 0
     errors: list[str] = field(default_factory=list)
+    #: Every try of every write, with its outcome (tests.plugins.fence_events).
+    attempts: Attempts = field(default_factory=Attempts)
 
     def run(self) -> None:
         generator = SnowflakeGenerator(self.worker_id, layout=LAYOUT)
@@ -129,7 +133,8 @@ class RoutedWriter:
         while True:
             target = router.target_of_shard(oid & MASK)
             try:
-                result = conns[target].execute(query, params)
+                result = self.attempts.run(
+                    oid, target, lambda: conns[target].execute(query, params))  # noqa: B023
                 break
             except psycopg.Error as error:
                 if error.sqlstate != FENCE_SQLSTATE or time.monotonic() > deadline:
@@ -152,14 +157,14 @@ def test_full_move_under_writers_keeps_every_acknowledged_order_once(setup: Setu
     stop = threading.Event()
     writers = [RoutedWriter(w, setup, stop) for w in (1, 2)]
     threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
-    events: list[str] = []
+    clock = FenceClock()
+    events = clock.events
     for thread in threads:
         thread.start()
     try:
         wait_until(lambda: all(w.ops >= 20 for w in writers), timeout_s=30,
                    what="writers running")
-        move_id = setup.mover(progress_every_s=0.2).move(
-            shard, "b", progress=lambda event: events.append(str(event)))
+        move_id = setup.mover(progress_every_s=0.2).move(shard, "b", progress=clock)
         ops_after_move = sum(w.ops for w in writers)
         wait_until(lambda: sum(w.ops for w in writers) >= ops_after_move + 40, timeout_s=30,
                    what="writes after the move")
@@ -168,7 +173,19 @@ def test_full_move_under_writers_keeps_every_acknowledged_order_once(setup: Setu
         for thread in threads:
             thread.join(30)
     assert [w.errors for w in writers] == [[], []]
-    assert sum(w.refused for w in writers) >= 1  # the fence refused, the retry passed
+    # What the fence did, exactly (whether a writer met it before the flip is chance): it
+    # refused only this shard's writes on a, and none on a was answered once it was up.
+    assert clock.fence_up is not None, events
+    refused = assert_fence_judged([a for w in writers for a in w.attempts.recorded],
+                                  shard=shard, mask=MASK, source="a", target="b",
+                                  move_id=move_id, fence_up=clock.fence_up)
+    assert refused == sum(w.refused for w in writers)
+    oid = SnowflakeGenerator(9, layout=LAYOUT).next_id_in_shard(shard)
+    with setup.pair.connect("source") as a, pytest.raises(psycopg.Error) as fenced:
+        a.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 4, 4)", (oid,))
+    moved = shard_moved_error(fenced.value)
+    assert moved is not None and (moved.shard, moved.target, moved.move_id) == (
+        shard, "b", move_id), fenced.value
     # Every acknowledged order exactly once, where the final map says, as acknowledged.
     final = read_shard_map(setup.control).mapping
     assert final[shard] == "b" and all(final[s] == "a" for s in range(16) if s != shard)

@@ -46,6 +46,7 @@ from snowflake_db.sqlalchemy.sharding import ShardedRouting, sharded_sessionmake
 from snowflake_db.worker import worker_tables
 
 from ..plugins.core_support import is_stopped
+from ..plugins.fence_events import FenceClock, assert_fence_judged
 from ..plugins.shard_mover_mariadb import (
     ROOT,
     SHARD,
@@ -57,6 +58,7 @@ from ..plugins.shard_mover_mariadb import (
     kill_mover_after,
     make_setup,
     start_writers,
+    stop_leftover_writers,
     wait_copy_held,
 )
 from ..plugins.shard_moves_mariadb import LAYOUT, MASK, Servers, start_servers
@@ -76,6 +78,12 @@ def setup(servers: Servers) -> Iterator[Setup]:
         yield made
 
 
+@pytest.fixture(autouse=True)
+def _writers_stopped() -> Iterator[None]:
+    yield
+    stop_leftover_writers()
+
+
 def _fence_left(setup: Setup, move_id: int) -> None:
     """The move is done and only its fence (six triggers and the fence row's table) stays."""
     mover = setup.mover()
@@ -91,13 +99,17 @@ def _fence_left(setup: Setup, move_id: int) -> None:
 def test_full_move_under_writers_keeps_every_acknowledged_order_once(setup: Setup) -> None:
     preloaded = setup.all_rows("a")
     writers = start_writers(setup)
-    events: list[str] = []
+    clock = FenceClock()
     try:
-        move_id = setup.mover(progress_every_s=0.2).move(
-            SHARD, "b", progress=lambda event: events.append(str(event)))
+        move_id = setup.mover(progress_every_s=0.2).move(SHARD, "b", progress=clock)
     finally:
         writers.stop()
-    assert writers.refused >= 1  # the fence refused, the retry passed
+    assert clock.fence_up is not None, clock.events
+    # What the fence did, exactly (whether a writer met it before the flip is chance).
+    refused = assert_fence_judged(writers.attempts(), shard=SHARD, mask=MASK, source="a",
+                                  target="b", move_id=move_id, fence_up=clock.fence_up)
+    assert refused <= writers.refused  # each refusal refreshed the router (the retry polls it)
+    _assert_fenced_on_a(setup, SHARD, move_id)
     kinds = {kind for w in writers.writers for kind in w.kinds}
     assert {"insert", "insert_ignore", "insert_ignore_dup", "upsert", "replace", "update",
             "delete"} <= kinds
@@ -110,8 +122,8 @@ def test_full_move_under_writers_keeps_every_acknowledged_order_once(setup: Setu
                                          for s in ("started", "done")]
     assert json.loads(status.journal[0].detail or "{}")["backend"] == "mariadb"
     assert status.move.backend == "mariadb" and status.move.flipped_version is not None
-    assert any("catch_up" in e for e in events) and any(f"done: shard {SHARD} on b" in e
-                                                        for e in events)
+    assert any("catch_up" in e for e in clock.events) and any(
+        f"done: shard {SHARD} on b" in e for e in clock.events)
     _fence_left(setup, move_id)
 
 
@@ -296,8 +308,14 @@ def test_source_restarted_during_the_copy(servers: Servers, how: str) -> None:
             move_id = moving.error.move_id
             assert mover.resume(move_id).state == "done"
         assert move_id is not None
+        fence_up = moving.clock.fence_up or time.monotonic()  # up by the end of the move
         writers.stop()
-        assert writers.refused >= 1  # the fence refused, the retry passed
+        # What the fence did, exactly (whether a writer met it before the flip is chance): it
+        # refused only this shard's writes on a, and none on a was answered once it was up.
+        refused = assert_fence_judged(writers.attempts(), shard=SHARD, mask=MASK, source="a",
+                                      target="b", move_id=move_id, fence_up=fence_up)
+        assert refused <= writers.refused  # each refusal refreshed the router (the retry polls it)
+        _assert_fenced_on_a(setup, SHARD, move_id)
         assert any(oid & MASK == SHARD for oid in writers.acked())
         assert_exactly_once(setup, writers, preloaded)
         _fence_left(setup, move_id)
