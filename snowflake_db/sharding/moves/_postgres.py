@@ -1013,15 +1013,38 @@ class PostgresMoveBackend:
                     self._drop_slot(s, slot, active_pid)
                     report.done.append(f"dropped slot {slot} on the source")
                 if _exists(s, "SELECT 1 FROM pg_publication WHERE pubname = %s", self.name):
-                    s.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(
-                        sql.Identifier(self.name)))
+                    self._drop_publication(s)
                     report.done.append(f"dropped publication {self.name} on the source")
+        except FenceBlockedError:
+            raise  # the source answers: a session holds the lock (named); run cleanup again
         except ShardMoveError as error:
             report.source_pending = True
             report.source_error = str(error)
         if tracking_error is not None:
             raise tracking_error
         return report
+
+    def _drop_publication(self, s: psycopg.Connection[Any]) -> None:
+        """Drop the publication with its tables locked in SHARE mode until the drop commits,
+        bounded like the fence. A writer that builds a table's publication info while the
+        publication is dropped fails with ``cache lookup failed for publication`` (XX000, not
+        a refusal the application can retry): 1-4 writes in 2,000 create-and-drop rounds on
+        PostgreSQL 15, none with the lock, which holds new writes off (and waits out those
+        under way) until the catalog no longer names the publication."""
+        present = [table for table in self.tables if self._regclass(s, table) is not None]
+        statements = [sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(self.name))]
+        if present:
+            statements.insert(0, sql.SQL("LOCK TABLE {} IN SHARE MODE").format(
+                sql.SQL(", ").join(self._table(table) for table in present)))
+        taken, attempts = self._under_lock_timeout(s, statements)
+        if not taken:
+            oids = [oid for t in present if (oid := self._regclass(s, t)) is not None]
+            blockers = self._blockers(s, oids, _WRITE_LOCKS)
+            raise FenceBlockedError(
+                f"cleanup: the lock on the source's moving tables to drop publication "
+                f"{self.name} not granted in {attempts} attempts of {self.lock_timeout_ms} ms; "
+                f"sessions holding write locks on them: {_describe(blockers)}; run the "
+                "cleanup again (resume the move)", blockers=blockers)
 
     def _drop_subscription(self, t: psycopg.Connection[Any], report: CleanupReport) -> None:
         if self._subscription_oid(t) is None:
