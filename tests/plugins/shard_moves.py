@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -74,35 +74,6 @@ LEFT_AFTER: dict[str, tuple[bool, bool, bool]] = {
 
 
 # -- what each backend offers ------------------------------------------------------------------
-
-
-class Server(Protocol):
-    host: str
-    port: int
-
-    def url(self, database: str = ...) -> str: ...
-    def create_database(self, name: str) -> None: ...
-    def start(self) -> None: ...
-
-
-class Servers(Protocol):
-    @property
-    def source(self) -> Any: ...
-    @property
-    def target(self) -> Any: ...
-
-
-class Pair(Protocol):
-    """One database on each server (``source``, ``target``) with the same sharded tables."""
-
-    db: str
-
-    def server(self, which: str) -> Any: ...
-    def url(self, which: str) -> str: ...
-    def connect(self, which: str, *, autocommit: bool = True) -> Any: ...
-    def query(self, which: str, query: str, params: Any = None) -> list[tuple[Any, ...]]: ...
-    def rows(self, which: str, table: str, shard: int) -> dict[int, tuple[Any, ...]]: ...
-    def assert_no_capture_left(self) -> None: ...
 
 
 @dataclass
@@ -172,6 +143,7 @@ class Kind(Protocol):
 
     def start_servers(self, *, both_logical: bool = True) -> AbstractContextManager[Any]: ...
     def make_pair(self, servers: Any, prefix: str) -> AbstractContextManager[Any]: ...
+    def open(self, url: str) -> Any: ...
     def write(self, url: str, query: str, params: tuple[Any, ...]) -> int: ...
     def run(self, connection: Any, query: str, params: tuple[Any, ...]) -> int: ...
     def hold_copy(self, setup: Setup) -> Hold: ...
@@ -515,7 +487,8 @@ def choose_write(kinds: frozenset[str], rng: random.Random, acked: dict[int, str
 @dataclass
 class MapWriter:
     """Writes orders (most on :data:`SHARD`) through a map-following router, each write one
-    autocommit statement on its own connection (:meth:`Kind.write`), retried by
+    autocommit statement on the writer's connection to its target (:meth:`Kind.open`, kept
+    as a pool keeps it, opened again after a failure), retried by
     :func:`retry_shard_moved` after a fence's refusal; every kind of write the backend has
     (:func:`choose_write`). Each acknowledged write's affected-row count is checked (a row
     missing where the map routes shows there); a write whose connection failed is in doubt."""
@@ -531,6 +504,7 @@ class MapWriter:
     failed: int = 0
     ops: int = 0
     errors: list[str] = field(default_factory=list)
+    _connections: dict[str, Any] = field(default_factory=dict)
 
     def run(self) -> None:
         generator = SnowflakeGenerator(self.worker_id, layout=LAYOUT)
@@ -544,6 +518,19 @@ class MapWriter:
             self.errors.append(repr(error))
         finally:
             router.close()
+            self._close()
+
+    def _connection(self, target: str) -> Any:
+        """This writer's connection to ``target``, opened on first use (as a pool's)."""
+        if target not in self._connections:
+            self._connections[target] = self.setup.kind.open(self.setup.url(target))
+        return self._connections[target]
+
+    def _close(self) -> None:
+        for connection in self._connections.values():
+            with suppress(Exception):  # a server down: nothing to close
+                connection.close()
+        self._connections.clear()
 
     def _one(self, router: ControlledShardRouter, generator: SnowflakeGenerator,
              rng: random.Random) -> None:
@@ -554,7 +541,8 @@ class MapWriter:
             moves.write_kinds, rng, self.acked, generator.next_id_in_shard(shard), status)
 
         def work() -> int:
-            return moves.write(self.setup.url(router.target_of_shard(oid & MASK)), query, params)
+            return moves.run(self._connection(router.target_of_shard(oid & MASK)), query,
+                             params)
 
         def refresh() -> int:
             self.refused += 1
@@ -563,6 +551,7 @@ class MapWriter:
         try:
             affected = retry_shard_moved(work, refresh=refresh, attempts=40, timeout_s=45)
         except moves.down_errors:  # a server down: the write is in doubt
+            self._close()  # reconnect at the next write
             self.failed += 1
             self.doubtful.add(oid)
             self.acked.pop(oid, None)

@@ -296,12 +296,16 @@ class MariaDBKind:
     def make_pair(self, servers: Servers, prefix: str) -> Any:
         return make_pair(servers, prefix=prefix)
 
-    def write(self, url: str, query: str, params: tuple[Any, ...]) -> int:
-        """One autocommit statement on its own connection."""
+    def open(self, url: str) -> Any:
+        """An autocommit connection."""
         where = make_url(url)
-        connection = pymysql.connect(host=where.host, port=where.port, user=where.username,
-                                     database=where.database, autocommit=True,
-                                     charset="utf8mb4", connect_timeout=5)
+        return pymysql.connect(host=where.host, port=where.port, user=where.username,
+                               database=where.database, autocommit=True, charset="utf8mb4",
+                               connect_timeout=5)
+
+    def write(self, url: str, query: str, params: tuple[Any, ...]) -> int:
+        """One autocommit statement on its own connection (:meth:`open`)."""
+        connection = self.open(url)
         try:
             return self.run(connection, query, params)
         finally:

@@ -236,12 +236,16 @@ class PostgresKind:
     def make_pair(self, servers: Clusters, prefix: str) -> Any:
         return make_pair(servers, prefix=prefix)
 
-    def write(self, url: str, query: str, params: tuple[Any, ...]) -> int:
-        """One autocommit statement on its own connection, its commit durable (the clusters
-        run with ``synchronous_commit = off``, and a crashed server would lose commits
-        acknowledged a moment before: the server's setting, not the move's doing)."""
+    def open(self, url: str) -> psycopg.Connection[Any]:
+        """An autocommit connection whose commits are durable (the clusters run with
+        ``synchronous_commit = off``, and a crashed server would lose commits acknowledged a
+        moment before: the server's setting, not the move's doing)."""
         libpq = url.replace("+psycopg", "") + "?options=-c%20synchronous_commit%3Don"
-        with psycopg.connect(libpq, autocommit=True, connect_timeout=3) as conn:
+        return psycopg.connect(libpq, autocommit=True, connect_timeout=3)
+
+    def write(self, url: str, query: str, params: tuple[Any, ...]) -> int:
+        """One autocommit statement on its own connection (:meth:`open`)."""
+        with self.open(url) as conn:
             return self.run(conn, query, params)
 
     def run(self, connection: psycopg.Connection[Any], query: str, params: tuple[Any, ...]
