@@ -288,7 +288,10 @@ def test_a_writer_frozen_across_the_whole_move(
         preloaded = setup.all_rows("a")
         frozen = FrozenWriter(setup, tmp_path / "stop")
         process = frozen.process
-        writers = start_writers(setup)
+        # Static worker IDs the frozen writer's allocator never hands out here (it numbers
+        # its slots from 1 in this fresh control database): beside its worker 1 the threads'
+        # worker 1 made the same key once (the same millisecond, sequence and shard).
+        writers = start_writers(setup, ids=(LAYOUT.max_worker_id - 1, LAYOUT.max_worker_id))
         try:
             wait_until(lambda: frozen.acked_since() >= 20 or process.poll() is not None,
                        timeout_s=60, what="the writer process writing")
