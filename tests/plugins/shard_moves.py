@@ -55,6 +55,9 @@ MASK = LAYOUT.max_shard
 TABLES = [MovedTable("orders"), MovedTable("order_items")]
 TABLE_NAMES = ("orders", "order_items")
 STEP_TIMEOUT_S = 60.0
+#: A writer's bound on a connect (a server down refuses at once; a loaded one may take
+#: seconds: 3 s expired once beside four other suites).
+CONNECT_TIMEOUT_S = 10
 #: The shard most writes go to, and most tests move.
 SHARD = 5
 BACKENDS = ("postgresql", "mariadb")

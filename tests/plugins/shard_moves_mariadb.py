@@ -26,7 +26,7 @@ from snowflake_db.sharding.moves import Leftovers, wait_until
 from snowflake_db.sharding.moves._mariadb import FENCE_ERRNO, MariaDBMoveBackend
 
 from .databases import unavailable
-from .shard_moves import STEP_TIMEOUT_S, BasePair, MoveThread, Setup, server_pair
+from .shard_moves import CONNECT_TIMEOUT_S, STEP_TIMEOUT_S, BasePair, MoveThread, Setup, server_pair
 
 DDL = [
     """CREATE TABLE orders (id BIGINT PRIMARY KEY, customer_id BIGINT NOT NULL,
@@ -301,7 +301,7 @@ class MariaDBKind:
         where = make_url(url)
         return pymysql.connect(host=where.host, port=where.port, user=where.username,
                                database=where.database, autocommit=True, charset="utf8mb4",
-                               connect_timeout=5)
+                               connect_timeout=CONNECT_TIMEOUT_S)
 
     def write(self, url: str, query: str, params: tuple[Any, ...]) -> int:
         """One autocommit statement on its own connection (:meth:`open`)."""

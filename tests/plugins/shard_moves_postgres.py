@@ -23,7 +23,7 @@ from example_project import local_servers
 from snowflake_db.sharding.moves import Leftovers, PostgresMoveBackend, run_move_steps, wait_until
 
 from .databases import unavailable
-from .shard_moves import STEP_TIMEOUT_S, BasePair, MoveThread, Setup, server_pair
+from .shard_moves import CONNECT_TIMEOUT_S, STEP_TIMEOUT_S, BasePair, MoveThread, Setup, server_pair
 
 SOURCE_CONF = """
 wal_level = logical
@@ -241,7 +241,7 @@ class PostgresKind:
         ``synchronous_commit = off``, and a crashed server would lose commits acknowledged a
         moment before: the server's setting, not the move's doing)."""
         libpq = url.replace("+psycopg", "") + "?options=-c%20synchronous_commit%3Don"
-        return psycopg.connect(libpq, autocommit=True, connect_timeout=3)
+        return psycopg.connect(libpq, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
 
     def write(self, url: str, query: str, params: tuple[Any, ...]) -> int:
         """One autocommit statement on its own connection (:meth:`open`)."""

@@ -45,8 +45,7 @@ from ..plugins.shard_moves import (
 )
 from ..plugins.shard_moves_mariadb import KIND, Servers, copy_waiting
 
-# The same group as the shared tests' MariaDB half (test_shard_mover.py): one process, one
-# pair of servers for both.
+# One process for the module, on that process's MariaDB servers (tests.plugins.shard_moves).
 pytestmark = pytest.mark.xdist_group("shard_mover_mariadb")
 BACKEND = "mariadb"
 
