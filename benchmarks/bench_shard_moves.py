@@ -113,7 +113,7 @@ def load(shop: grow.GrowingShop, factory: Any, rows_per_shard: int) -> int:
 
 def mariadb_connect(url: str) -> Any:
     """A PyMySQL connection (autocommit) to a throwaway server's SQLAlchemy URL."""
-    import pymysql
+    import pymysql  # type: ignore[import-untyped]
     from sqlalchemy.engine import make_url
 
     parsed = make_url(url)
@@ -286,9 +286,11 @@ def shard_customers(factory: Any, shard: int, count: int, prefix: str = "probe "
 def measure_capacity(processes: grow.OrderProcesses, seconds: float) -> float:
     """Writes per second of all the writers one after the other (as fast as the servers
     answer), over ``seconds``."""
-    before, started = processes.acknowledged.value, time.monotonic()
+    before: int = processes.acknowledged.value  # a multiprocessing Value("q"): typed Any
+    started = time.monotonic()
     time.sleep(seconds)
-    return (processes.acknowledged.value - before) / (time.monotonic() - started)
+    after: int = processes.acknowledged.value
+    return (after - before) / (time.monotonic() - started)
 
 
 def report(args: argparse.Namespace, *, loaded: int, writes: list[grow.Write],

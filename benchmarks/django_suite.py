@@ -100,9 +100,14 @@ EXPECTED: dict[str, str] = {
             "apps.tests.QueryPerformingAppTests.test_query_many_default_database_using_cursor",
             "apps.tests.QueryPerformingAppTests.test_query_many_other_database_using_cursor",
         ],
-        "a raw SQL INSERT without the key (cursor.executemany in an AppConfig.ready()): the "
-        "Snowflake column has no database default, so it fails instead of taking a small "
-        "number (PostgreSQL, MariaDB; SQLite's rowid fills it in)",
+        "a raw SQL INSERT without the key (cursor.executemany in an AppConfig.ready()) into "
+        "models keyed by DEFAULT_AUTO_FIELD, which Django builds with no arguments, so the "
+        "column has no database default and the INSERT fails instead of taking a small number "
+        "(PostgreSQL, MariaDB; SQLite's rowid fills it in). Database keys need an explicit "
+        "SnowflakeAutoField(primary_key=True, db_default=KeyFunction()) and the function "
+        "installed before the table (docs/reference/django-key-functions.md, 'Not for "
+        "DEFAULT_AUTO_FIELD'); the same raw inserts pass in tests/django/"
+        "test_django_database_keys.py",
     ),
     **TIMING_SENSITIVE,
 }

@@ -1,5 +1,6 @@
 """Autogenerate helpers: the worker tables stay out of the diff, a model switched to the
-Snowflake column helpers becomes ``op.convert_to_snowflake_pk`` instead of a bare type change.
+Snowflake column helpers becomes ``op.convert_to_snowflake_pk`` instead of a bare type change,
+and the MariaDB trigger's ``CHECK`` stays out of revisions for other databases.
 
 A bare ``alter_column(type_=BigInteger)`` widens the key but keeps its sequence / identity /
 ``AUTO_INCREMENT`` and, on MariaDB, fails on the foreign keys that reference it.
@@ -10,11 +11,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from alembic.operations import ops
-from sqlalchemy import BigInteger, Integer, MetaData
+from sqlalchemy import BigInteger, Column, Integer, MetaData
 from sqlalchemy import inspect as sa_inspect
 
+from ..key_functions import key_check_name
 from ..sharding.shard_map import TABLE_NAMES as SHARD_MAP_TABLES
 from ..sqlalchemy.columns import is_snowflake_column
+from ..sqlalchemy.key_default import (
+    KEY_FUNCTION_INFO_KEY,
+    TRIGGER_DIALECTS,
+    KeyFunctionDefault,
+    is_trigger_check,
+)
 from ..worker._schema import (
     DEFAULT_LAYOUT_TABLE,
     DEFAULT_REGISTRATIONS_TABLE,
@@ -24,7 +32,6 @@ from .operations import ConvertToSnowflakePkOp
 
 if TYPE_CHECKING:
     from alembic.migration import MigrationContext
-    from sqlalchemy import Column
     from sqlalchemy.engine import Connection
 
 __all__ = ["include_object", "process_revision_directives"]
@@ -172,5 +179,62 @@ def process_revision_directives(
         for upgrade_ops, downgrade_ops in zip(
             script.upgrade_ops_list, script.downgrade_ops_list, strict=False
         ):
-            if _rewrite(upgrade_ops, metadata, context.bind):
+            if context.dialect.name not in TRIGGER_DIALECTS:
+                _without_trigger_checks(upgrade_ops)
+                checked = False
+            else:
+                checked = _with_trigger_checks(upgrade_ops)
+            if _rewrite(upgrade_ops, metadata, context.bind) or checked:
                 upgrade_ops.reverse_into(downgrade_ops)
+
+
+def _without_trigger_checks(upgrade_ops: ops.UpgradeOps) -> None:
+    """Leave out the MariaDB trigger's ``CHECK`` (``snowflake_column(key_function=...)``) from
+    tables a revision for another database creates: Alembic renders a ``CheckConstraint``
+    without its ``ddl_if``, and only MariaDB's ``DEFAULT 0`` placeholder needs it. Rendering
+    attaches the columns to a new table, where their mark would make the ``CHECK`` again:
+    the op gets copies without the mark (the model's columns keep theirs)."""
+    for op in upgrade_ops.ops:
+        if isinstance(op, ops.CreateTableOp):
+            op.columns = [
+                _unmarked(item) for item in op.columns if not is_trigger_check(item)
+            ]
+
+
+def _with_trigger_checks(upgrade_ops: ops.UpgradeOps) -> bool:
+    """MariaDB: an existing table whose column takes ``key_function=`` (a new column, or a
+    server default changed to the placeholder) gets the ``CHECK`` too, which Alembic does not
+    compare; whether any was added."""
+    added = False
+    for table_ops in upgrade_ops.ops:
+        if not isinstance(table_ops, ops.ModifyTableOps):
+            continue
+        checks: list[ops.MigrateOperation] = []
+        for op in table_ops.ops:
+            column = None
+            if isinstance(op, ops.AddColumnOp) and op.column.info.get(KEY_FUNCTION_INFO_KEY):
+                column = op.column.name
+            elif isinstance(op, ops.AlterColumnOp) and isinstance(
+                getattr(op.modify_server_default, "arg", None), KeyFunctionDefault
+            ):
+                column = op.column_name
+            if column is not None:
+                checks.append(
+                    ops.CreateCheckConstraintOp(
+                        key_check_name(table_ops.table_name, column),
+                        table_ops.table_name,
+                        f"`{column}` <> 0",
+                        schema=table_ops.schema,
+                    )
+                )
+        table_ops.ops.extend(checks)
+        added = added or bool(checks)
+    return added
+
+
+def _unmarked(item: Any) -> Any:
+    if not isinstance(item, Column) or not item.info.get(KEY_FUNCTION_INFO_KEY):
+        return item
+    copy = item._copy()
+    copy.info = {k: v for k, v in item.info.items() if k != KEY_FUNCTION_INFO_KEY}
+    return copy

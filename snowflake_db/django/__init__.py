@@ -7,13 +7,14 @@ extension point: ``fields``, ``apps``, ``models`` (worker tables) and ``migratio
 ``rest_framework``, ``json`` and ``admin``; for sharded tables, ``sharding`` (database router,
 manager) and ``operations`` (PostgreSQL partitioning migrations); ``public_ids`` (public order
 numbers on models, URLs, the admin and REST framework); ``database_keys`` (``KeyFunction``, a
-column's database default for raw SQL inserts, and its migration operations).
+column's database default for raw SQL inserts, ``KeyTriggerCheck``, MariaDB's guard for it, and
+its migration operations).
 """
 
 from __future__ import annotations
 
 from ..layout import SnowflakeId
-from .database_keys import KeyFunction
+from .database_keys import KeyFunction, KeyTriggerCheck
 from .fields import (
     EagerSnowflakeAutoField,
     SnowflakeAutoField,
@@ -24,6 +25,7 @@ from .fields import (
 __all__ = [
     "EagerSnowflakeAutoField",
     "KeyFunction",
+    "KeyTriggerCheck",
     "SnowflakeAutoField",
     "SnowflakeField",
     "decode",

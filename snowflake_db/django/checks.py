@@ -22,14 +22,16 @@
 ``snowflake_db.E013``         ``SNOWFLAKE_SHARD_ROUTER``'s layout is not ``SNOWFLAKE_DB["LAYOUT"]``
 ``snowflake_db.E015``         ``db_default=KeyFunction()`` on a model migrated to a database
                               without key functions (SQLite)
+``snowflake_db.E016``         ``db_default=KeyFunction()`` on a model migrated to MariaDB
+                              without its ``KeyTriggerCheck``
 ``snowflake_db.W020``         no public-ID keys are configured (a ``PublicId`` field's check)
 ``snowflake_db.E020``         the public-ID keys are invalid, or the codec cannot be built
 ``snowflake_db.E021``         a ``PublicId``'s ``field=`` names no integer field of its model
 ============================  =================================================================
 
 W020, E020 and E021 are ``PublicId.check()``'s (:mod:`snowflake_db.django.public_ids`): Django
-runs them with every model field's checks. E015 is the Snowflake fields' own (Django runs it
-with the databases it checks: ``migrate``, ``check --database``).
+runs them with every model field's checks. E015 and E016 are the Snowflake fields' own
+(Django runs them with the databases it checks: ``migrate``, ``check --database``).
 
 E010 and E011 query the database, so they run only where Django runs database checks
 (``migrate``, ``check --database ALIAS``):

@@ -36,12 +36,13 @@ from .conf import get_settings
 if TYPE_CHECKING:
     from sqlalchemy import Connection
 
-    from ..key_functions._spec import FunctionSpec
+    from ..key_functions import FunctionSpec
 
 __all__ = [
     "InstallKeyFunction",
     "InstallKeyTrigger",
     "KeyFunction",
+    "KeyTriggerCheck",
     "check_key_default",
     "key_function_of",
 ]
@@ -56,7 +57,7 @@ DEFAULT_FUNCTION_NAME = "snowflake_next_id"
 def _spec(name: str, schema: str | None, vendor: str = "postgresql") -> FunctionSpec:
     """The function's name and schema, validated (this imports SQLAlchemy: a database with a
     key function needs the ``postgres`` or ``mysql`` extra, which bring it)."""
-    from ..key_functions._spec import FunctionSpec
+    from ..key_functions import FunctionSpec
 
     backend = "mariadb" if vendor == "mysql" else "postgresql"
     return FunctionSpec(name, schema, backend)  # validates both identifiers
@@ -102,8 +103,106 @@ def key_function_of(field: models.Field) -> KeyFunction | None:
     return db_default if isinstance(db_default, KeyFunction) else None
 
 
+#: The end of :class:`KeyTriggerCheck`'s default name (``snowflake_db.key_functions``'s too).
+_CHECK_SUFFIX = "_key_trigger_missing"
+
+
+class KeyTriggerCheck(models.BaseConstraint):
+    """MariaDB: ``CHECK (key <> 0)`` for a field with ``db_default=KeyFunction()``, whose
+    column defaults to the placeholder ``0`` there. MariaDB evaluates it after the
+    ``BEFORE INSERT`` trigger of :class:`InstallKeyTrigger`, so a row the trigger gave a key
+    passes; without the trigger (never migrated, dropped, the table made again) an ``INSERT``
+    that leaves out the key fails with an error naming the constraint,
+    ``<app>_<model>_<field>_key_trigger_missing``, instead of storing the key 0.
+
+    ``class Meta: constraints = [KeyTriggerCheck()]`` (``KeyTriggerCheck("number")`` for
+    another field); ``makemigrations`` writes it. Other databases get nothing from it: on
+    PostgreSQL the column's default is the function itself. Check ``snowflake_db.E016``
+    reports a ``KeyFunction`` field without it on a model migrated to MariaDB.
+    """
+
+    def __init__(
+        self,
+        field_name: str = "id",
+        *,
+        name: str | None = None,
+        violation_error_code: str | None = None,
+        violation_error_message: str | None = None,
+    ) -> None:
+        if not isinstance(field_name, str) or not field_name:
+            raise InvalidArgumentError(
+                f"KeyTriggerCheck: field_name={field_name!r} must name a field of the model"
+            )
+        self.field_name = field_name
+        super().__init__(
+            name=name or f"%(app_label)s_%(class)s_{field_name}{_CHECK_SUFFIX}",
+            violation_error_code=violation_error_code,
+            violation_error_message=violation_error_message,
+        )
+
+    def deconstruct(self) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+        """Its name as formatted for the model (``clone()`` and migrations keep it)."""
+        _, args, kwargs = super().deconstruct()
+        if self.field_name != "id":
+            kwargs["field_name"] = self.field_name
+        return "snowflake_db.django.KeyTriggerCheck", args, kwargs
+
+    def _sql_parts(self, model: Any, schema_editor: Any) -> tuple[str, str, str] | None:
+        if schema_editor.connection.vendor != "mysql":
+            return None
+        quote = schema_editor.quote_name
+        column = model._meta.get_field(self.field_name).column
+        # a name over MariaDB's 64 characters is refused by MariaDB itself: pass name=
+        return quote(model._meta.db_table), quote(self.name), f"{quote(column)} <> 0"
+
+    def constraint_sql(self, model: Any, schema_editor: Any) -> str | None:
+        parts = self._sql_parts(model, schema_editor)
+        if parts is None:
+            return None
+        _, name, condition = parts
+        return f"CONSTRAINT {name} CHECK ({condition})"
+
+    def create_sql(self, model: Any, schema_editor: Any) -> str | None:
+        parts = self._sql_parts(model, schema_editor)
+        if parts is None:
+            return None
+        table, name, condition = parts
+        # IF NOT EXISTS: InstallKeyTrigger on a field without the default made the same one
+        return f"ALTER TABLE {table} ADD CONSTRAINT IF NOT EXISTS {name} CHECK ({condition})"
+
+    def remove_sql(self, model: Any, schema_editor: Any) -> str | None:
+        parts = self._sql_parts(model, schema_editor)
+        if parts is None:
+            return None
+        table, name, _ = parts
+        return f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {name}"
+
+    def validate(self, model: Any, instance: Any, exclude: Any = None, using: Any = None) -> None:
+        """Nothing to validate in Python: the application never makes the key 0, and an
+        unsaved object's key is ``None`` until its ``INSERT``."""
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, KeyTriggerCheck):
+            return self.deconstruct() == other.deconstruct()
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.field_name, self.name))
+
+    def __repr__(self) -> str:
+        return f"<KeyTriggerCheck: field_name={self.field_name!r} name={self.name!r}>"
+
+
+def _has_trigger_check(field: models.Field) -> bool:
+    return any(
+        isinstance(constraint, KeyTriggerCheck) and constraint.field_name == field.name
+        for constraint in field.model._meta.constraints
+    )
+
+
 def check_key_default(field: models.Field, databases: Any) -> list[Any]:
-    """E015: a ``KeyFunction`` default on a model migrated to a database without key functions
+    """E015: a ``KeyFunction`` default on a model migrated to a database without key functions;
+    E016: on a model migrated to MariaDB, such a field without its :class:`KeyTriggerCheck`
     (run where Django runs database checks: ``migrate``, ``check --database``)."""
     from django.core.checks import Error
     from django.db import connections
@@ -114,7 +213,22 @@ def check_key_default(field: models.Field, databases: Any) -> list[Any]:
     errors = []
     for alias in databases:
         vendor = connections[alias].vendor
-        if vendor in _VENDORS or not router.allow_migrate_model(alias, model):
+        if not router.allow_migrate_model(alias, model):
+            continue
+        if vendor == "mysql" and not _has_trigger_check(field):
+            argument = "" if field.name == "id" else repr(field.name)
+            errors.append(
+                Error(
+                    f"{model._meta.label}.{field.name} has db_default=KeyFunction(), whose "
+                    f"MariaDB column (database {alias!r}) defaults to the trigger's placeholder "
+                    "0: without KeyTriggerCheck an INSERT that finds no trigger stores the key 0",
+                    hint=f"Add KeyTriggerCheck({argument}) (from snowflake_db.django) to "
+                    f"{model.__name__}.Meta.constraints and run makemigrations.",
+                    obj=field,
+                    id="snowflake_db.E016",
+                )
+            )
+        if vendor in _VENDORS:
             continue
         errors.append(
             Error(

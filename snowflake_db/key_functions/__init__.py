@@ -28,15 +28,19 @@ from ._api import (
     drop_key_trigger,
     install_key_function,
     install_key_trigger,
+    key_check_name,
     key_default_sql,
 )
+from ._spec import FunctionSpec
 
 __all__ = [
     "DEFAULT_FUNCTION_NAME",
     "DEFAULT_MAX_WAIT_MS",
+    "FunctionSpec",
     "drop_key_function",
     "drop_key_trigger",
     "install_key_function",
     "install_key_trigger",
+    "key_check_name",
     "key_default_sql",
 ]

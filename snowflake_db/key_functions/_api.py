@@ -141,9 +141,23 @@ def install_key_trigger(
     ``<table>_<column>_snowflake_key``).
 
     With ``zero_default`` the column also gets ``DEFAULT 0``: in strict mode MariaDB refuses an
-    ``INSERT ... SELECT`` that leaves out a key without a default before the trigger can run.
+    ``INSERT ... SELECT`` that leaves out a key without a default before the trigger can run;
+    and with it the ``CHECK`` of :func:`key_check_name`, which refuses the placeholder 0 should
+    the trigger ever be missing (``IF NOT EXISTS``: a model may have made it already).
+
+    ``table_schema`` is the table's database; the trigger lives there too and calls the
+    function in ``schema``, by default the connection's current database (a trigger would
+    otherwise look for it in its own).
     """
     _mariadb_only(conn, "install_key_trigger")
+    if table_schema is not None and schema is None:
+        # A trigger runs in its table's database: name the function's database, this one
+        schema = conn.scalar(text("SELECT DATABASE()"))
+        if schema is None:
+            raise InvalidArgumentError(
+                f"install_key_trigger: table_schema={table_schema!r} but the connection has no "
+                f"current database to find {name}() in: give schema= (the function's database)"
+            )
     spec = FunctionSpec(name, schema, "mariadb")
     trigger = trigger or _mariadb.trigger_name(table, column)
     for statement in _mariadb.create_trigger_sql(
@@ -179,6 +193,15 @@ def drop_key_trigger(
         zero_default=zero_default,
     ):
         conn.execute(text(statement))
+
+
+def key_check_name(table: str, column: str = "id") -> str:
+    """MariaDB: the name of the ``CHECK (column <> 0)`` that comes with the trigger's
+    ``DEFAULT 0`` placeholder, ``<table>_<column>_key_trigger_missing``. MariaDB checks it after
+    ``BEFORE INSERT`` triggers, so it refuses only a row the trigger did not give a key: its
+    error names it when the trigger is missing (never installed, dropped, or the table made
+    again without it). Any names (the constraint's own is quoted where it is used)."""
+    return _mariadb.check_name(table, column)
 
 
 def _mariadb_only(conn: Connection, what: str) -> None:

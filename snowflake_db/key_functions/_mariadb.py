@@ -33,6 +33,7 @@ statement inside a function; do not start the server with ``--sysdate-is-now``).
 
 from __future__ import annotations
 
+import zlib
 from typing import TYPE_CHECKING
 
 from sqlalchemy import bindparam, text
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
 __all__ = [
+    "check_name",
+    "check_sql",
     "create_function_sql",
     "create_trigger_sql",
     "drop_function_sql",
@@ -312,12 +315,40 @@ def trigger_name(table: str, column: str) -> str:
     return f"{table}_{column}_snowflake_key"[:_MAX_NAME]
 
 
+#: The end of the CHECK's name: what its failure means.
+CHECK_SUFFIX = "_key_trigger_missing"
+
+
+def check_name(table: str, column: str) -> str:
+    """The name of the ``CHECK (column <> 0)`` that comes with the trigger's ``DEFAULT 0``:
+    ``<table>_<column>_key_trigger_missing``, which MariaDB's error names when a row would
+    keep the placeholder (a long prefix is cut and ends with a hash of it instead)."""
+    prefix = f"{table}_{column}"
+    room = _MAX_NAME - len(CHECK_SUFFIX)
+    if len(prefix) > room:
+        prefix = _cut(prefix, room)
+    return prefix + CHECK_SUFFIX
+
+
+def _cut(name: str, room: int) -> str:
+    """``name`` in ``room`` characters, ending with a hash of the whole (names cut alike stay
+    apart)."""
+    digest = f"{zlib.crc32(name.encode()):08x}"
+    return f"{name[: room - len(digest) - 1]}_{digest}"
+
+
 def _table_sql(spec: FunctionSpec, table: str, table_schema: str | None) -> str:
     validate_identifier(table, "table name")
     if table_schema is not None:
         validate_identifier(table_schema, "schema name")
         return f"`{table_schema}`.`{table}`"
     return f"`{table}`"
+
+
+def check_sql(column: str) -> str:
+    """The condition of :func:`check_name`'s CHECK: the key is not the placeholder 0."""
+    validate_identifier(column, "column name")
+    return f"`{column}` <> 0"
 
 
 def create_trigger_sql(
@@ -331,7 +362,10 @@ def create_trigger_sql(
 ) -> list[str]:
     """The ``BEFORE INSERT`` trigger filling a NULL or 0 key; with ``zero_default`` the column
     also gets ``DEFAULT 0``, since MariaDB in strict mode refuses ``INSERT ... SELECT`` without
-    a key that has no default before any trigger runs (``INSERT ... VALUES`` passes)."""
+    a key that has no default before any trigger runs (``INSERT ... VALUES`` passes), and the
+    ``CHECK`` of :func:`check_name` with it (``IF NOT EXISTS``: a model may have made it),
+    which refuses the placeholder should the trigger ever be missing. MariaDB evaluates a
+    ``CHECK`` after the ``BEFORE INSERT`` triggers, so it sees the trigger's key."""
     validate_identifier(column, "column name")
     validate_identifier(trigger, "trigger name")
     target = _table_sql(spec, table, table_schema)
@@ -343,6 +377,10 @@ def create_trigger_sql(
     ]
     if zero_default:
         statements.append(f"ALTER TABLE {target} ALTER COLUMN `{column}` SET DEFAULT 0")
+        statements.append(
+            f"ALTER TABLE {target} ADD CONSTRAINT IF NOT EXISTS `{check_name(table, column)}` "
+            f"CHECK ({check_sql(column)})"
+        )
     return statements
 
 
@@ -362,4 +400,7 @@ def drop_trigger_sql(
     statements = [f"DROP TRIGGER IF EXISTS {trigger_sql}"]
     if zero_default:
         statements.append(f"ALTER TABLE {target} ALTER COLUMN `{column}` DROP DEFAULT")
+        statements.append(
+            f"ALTER TABLE {target} DROP CONSTRAINT IF EXISTS `{check_name(table, column)}`"
+        )
     return statements

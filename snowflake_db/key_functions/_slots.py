@@ -5,6 +5,11 @@ in the caller's transaction when the worker tables are in this database (the sam
 have created them, invisible to any other connection), else through an allocator on the control
 database. Either way the function's layout must be the one the worker tables record (or becomes
 it, if none is recorded yet). A re-run finds its reservation by label instead of taking another.
+
+The worker tables must exist already, on either path: a key function never creates them. Made
+on the spot (a mistyped ``control_url``, another ``slots_schema``), they would hold a
+reservation that the application's allocators, reading the real tables, never see, and one of
+them could take the same worker ID.
 """
 
 from __future__ import annotations
@@ -12,8 +17,9 @@ from __future__ import annotations
 import os
 import socket
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, create_engine
 
+from ..errors import SnowflakeMigrationError
 from ..layout import Layout
 from ..worker import TableWorkerAllocator, _claims
 from ..worker._layout_record import ensure_layout
@@ -30,12 +36,37 @@ def _store(place: SlotPlace) -> WorkerStore:
 
 
 def _allocator(place: SlotPlace) -> TableWorkerAllocator:
+    """An allocator on the control database that never creates the worker tables; they were
+    checked by :func:`_require_tables` just before."""
     return TableWorkerAllocator(
         place.control_url or "",
         slots_table=place.slots_table,
         registrations_table=place.registrations_table,
         schema=place.slots_schema,
+        create_tables=False,
     )
+
+
+def _require_tables(bind: Connection, place: SlotPlace, url_text: str) -> None:
+    missing = _store(place).missing_tables(bind)
+    if missing:
+        where = f" (schema {place.slots_schema})" if place.slots_schema else ""
+        raise SnowflakeMigrationError(
+            f"the worker tables {', '.join(missing)} do not exist in {url_text}{where}: a key "
+            "function reserves its worker slot in the tables the application's allocators use "
+            "and never creates them; create them first (op.create_snowflake_worker_tables(), "
+            "or migrate the snowflake_db Django app there), or point control_url / "
+            "slots_schema at them"
+        )
+
+
+def _require_control_tables(place: SlotPlace) -> None:
+    engine = create_engine(place.control_url or "")
+    try:
+        with engine.connect() as conn:
+            _require_tables(conn, place, engine.url.render_as_string(hide_password=True))
+    finally:
+        engine.dispose()
 
 
 def reserve_slot(
@@ -43,6 +74,7 @@ def reserve_slot(
 ) -> tuple[int, int]:
     """The function's slot, ``(worker_id, high_water_ms)``; a re-run finds it by its label."""
     if place.control_url is None:
+        _require_tables(bind, place, bind.engine.url.render_as_string(hide_password=True))
         store = _store(place)
         found = _claims.reserved_under(bind, store, label)
         if found is not None:
@@ -63,6 +95,7 @@ def reserve_slot(
         return _claims.reserve(
             bind, store, label=label, holder=holder, layout=layout, where=where
         )
+    _require_control_tables(place)
     allocator = _allocator(place)
     try:
         for row in allocator.workers():
@@ -81,6 +114,7 @@ def release_slot(
     """Free the function's slot, its mark past the last ID issued (by either database clock);
     the worker ID freed, or ``None`` if none was reserved under ``label``."""
     if place.control_url is None:
+        _require_tables(bind, place, bind.engine.url.render_as_string(hide_password=True))
         store = _store(place)
         found = _claims.reserved_under(bind, store, label)
         if found is None:
@@ -93,6 +127,7 @@ def release_slot(
             issued_until_ms=issued_until_ms,
         )
         return found.worker_id
+    _require_control_tables(place)
     allocator = _allocator(place)
     try:
         for row in allocator.workers():

@@ -16,7 +16,7 @@ from sqlalchemy.sql.schema import SchemaItem
 
 from ..errors import InvalidArgumentError
 from .generators import SnowflakeDefault, snowflake_id_default
-from .key_default import key_function_default
+from .key_default import add_trigger_check, key_function_default
 
 __all__ = [
     "SNOWFLAKE_INFO_KEY",
@@ -80,9 +80,12 @@ def snowflake_column(
     the application still issues the keys of its own inserts.
     """
     kw = _primary_key_kwargs(dict(kwargs), default, key_function, key_function_schema)
-    if name is None:
-        return Column(BigInteger(), *args, **kw)
-    return Column(name, BigInteger(), *args, **kw)
+    column = Column(BigInteger(), *args, **kw) if name is None else Column(
+        name, BigInteger(), *args, **kw
+    )
+    if key_function is not None:
+        add_trigger_check(column)
+    return column
 
 
 def snowflake_mapped_column(
@@ -98,7 +101,10 @@ def snowflake_mapped_column(
     ``key_function`` as in :func:`snowflake_column`.
     """
     kw = _primary_key_kwargs(dict(kwargs), default, key_function, key_function_schema)
-    return _mapped_bigint(args, kw)
+    mapped = _mapped_bigint(args, kw)
+    if key_function is not None:
+        add_trigger_check(mapped.column)
+    return mapped
 
 
 def _mapped_bigint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> MappedColumn[int]:

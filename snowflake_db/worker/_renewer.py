@@ -455,6 +455,9 @@ class LeaseRenewer:
             if running is None:  # it has just finished
                 return
             done = self._wait(running, lease)
+        elif monotonic() < schedule.next_renewal_at:  # the renewal it found running just ended
+            schedule.finish_turn(turn)
+            return
         elif not forks.threads_allowed():
             self._renew_in_turn(lease, turn)  # no thread may start here: renew on the caller's
             return

@@ -113,14 +113,16 @@ class TableLease:
 
         Cheap when nothing is due: two comparisons. When the heartbeat has missed its time by
         more than ``caller_grace``, the allocator renews on the caller's behalf and waits for
-        it, bounded; the caller then checks ``valid_until`` as always. Never raises.
+        it, bounded; the caller then checks ``valid_until`` as always. Once the renewal is
+        due and running (the heartbeat's, on time), the caller waits for it too, bounded:
+        callers that issue meanwhile take the GIL from it at each of its round trips, which
+        held one renewal a second past its deadline on an overloaded machine. Never raises.
         """
         now = monotonic()
         schedule = self._schedule
-        if (
-            now < schedule.next_renewal_at + schedule.caller_grace
-            or now < schedule.caller_not_before
-        ):
+        if now < schedule.next_renewal_at or now < schedule.caller_not_before:
+            return
+        if now < schedule.next_renewal_at + schedule.caller_grace and schedule.in_flight is None:
             return
         if self.state != HELD:
             return

@@ -12,6 +12,7 @@ from alembic import command
 from alembic.autogenerate import render_python_code
 from alembic.operations import ops
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, create_engine, inspect, text
+from sqlalchemy.exc import DBAPIError
 
 from snowflake_db import Layout
 from snowflake_db.alembic import (
@@ -257,6 +258,10 @@ def test_autogenerate_renders_the_key_function_default(
         f"sa.Column('id', sa.BigInteger(), server_default=sa.text('{default}'), "
         "autoincrement=False, nullable=False)"
     ) in source, source
+    # MariaDB: the placeholder's CHECK, named for what its failure means; nowhere else
+    check = "sa.CheckConstraint('id != 0', name='orders_id_key_trigger_missing')"
+    assert (check in source) == (backend == "mariadb"), source
+    assert ("CheckConstraint" in source) == (backend == "mariadb"), source
     # MariaDB: the trigger is a hand-written line after the table (autogenerate cannot see it)
     end = "    # ### end Alembic commands ###"
     Path(script.path).write_text(source.replace(end, f"    {trigger}\n{end}", 1))
@@ -270,10 +275,60 @@ def test_autogenerate_renders_the_key_function_default(
             key = conn.scalar(text("SELECT id FROM orders"))
         before = last_id(engine, worker_id)
         assert key == before and Layout().decode(key).worker_id == worker_id
+        checks = [c["name"] for c in inspect(engine).get_check_constraints("orders")]
+        assert checks == (["orders_id_key_trigger_missing"] if backend == "mariadb" else [])
         second = command.revision(config, message="no changes", autogenerate=True)
         assert second is not None and not isinstance(second, list)
         again = Path(second.path).read_text()
         assert _function_body(again, "upgrade") == "pass", again
         assert last_id(engine, worker_id) == before  # comparing did not call the function
+    finally:
+        engine.dispose()
+
+
+def test_autogenerate_gives_an_existing_mariadb_table_the_trigger_check(
+    mariadb_db: ScratchDatabase, tmp_path: Path
+) -> None:
+    """An existing key taking ``key_function=`` (a changed server default) and a new column
+    with it: Alembic compares no CHECK, so the revision gets one per column from
+    ``process_revision_directives``; without the trigger a raw INSERT is refused naming it,
+    and the downgrade drops them."""
+    metadata = MetaData()
+    Table(
+        "orders",
+        metadata,
+        snowflake_column("id", key_function="snowflake_next_id"),
+        snowflake_column("number", key_function="snowflake_next_id", primary_key=False,
+                         nullable=False),
+        Column("customer", String(50)),
+    )
+    config = make_project(tmp_path, mariadb_db, metadata)
+    config.attributes["compare_server_default"] = True
+    write_revision(
+        config,
+        "k1",
+        None,
+        "op.create_table('orders', sa.Column('id', sa.BigInteger(), autoincrement=False, "
+        "primary_key=True), sa.Column('customer', sa.String(50)))",
+        "op.drop_table('orders')",
+    )
+    command.upgrade(config, "head")
+    script = command.revision(config, message="keys", autogenerate=True)
+    assert script is not None and not isinstance(script, list)
+    source = Path(script.path).read_text()
+    for name, column in (("orders_id_key_trigger_missing", "id"),
+                         ("orders_number_key_trigger_missing", "number")):
+        assert f"op.create_check_constraint('{name}', 'orders', '`{column}` <> 0')" in source, (
+            source
+        )
+    command.upgrade(config, "head")
+    engine = create_engine(mariadb_db.url)
+    try:
+        with engine.connect() as conn, pytest.raises(DBAPIError, match="key_trigger_missing"):
+            conn.execute(text("INSERT INTO orders (customer) VALUES ('raw sql')"))
+        checks = {c["name"] for c in inspect(engine).get_check_constraints("orders")}
+        assert checks == {"orders_id_key_trigger_missing", "orders_number_key_trigger_missing"}
+        command.downgrade(config, "k1")
+        assert inspect(engine).get_check_constraints("orders") == []
     finally:
         engine.dispose()

@@ -6,6 +6,8 @@ Django ``DATABASES`` as JSON. MODE ``same``: the worker tables are in the app's 
 ``elsewhere``: in the ``control`` alias (``CONTROL_DATABASE``, ``ControlDatabaseRouter``).
 ``same-alter`` (after ``same``, in a new process since the models change): an existing key with
 rows and a foreign key to it takes ``db_default=KeyFunction()`` (an ``AlterField``).
+``no-trigger``: the models carry ``KeyTriggerCheck``, migrated without the trigger migration
+first (a raw ``INSERT`` must fail, not store the key 0), then with it, then back without it.
 Prints a JSON result on its last line.
 """
 
@@ -181,10 +183,100 @@ def alter(workdir: Path) -> dict[str, Any]:
     return result
 
 
+GUARDED_MODELS = """
+from django.db import models
+
+from snowflake_db.django import KeyFunction, KeyTriggerCheck, SnowflakeAutoField, SnowflakeField
+
+
+class Order(models.Model):
+    id = SnowflakeAutoField(primary_key=True, db_default=KeyFunction())
+    name = models.CharField(max_length=20)
+
+    class Meta:
+        constraints = [KeyTriggerCheck()]
+
+
+class Ticket(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    number = SnowflakeField(db_default=KeyFunction())
+    name = models.CharField(max_length=20)
+
+    class Meta:
+        constraints = [KeyTriggerCheck("number")]
+"""
+
+
+def _raw_attempt(table: str, column: str, sql: str) -> Any:
+    """The keys a raw ``INSERT`` made, or its error (in a savepoint, rolled back)."""
+    from django.db import connection, transaction
+
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(sql)
+            cursor.execute(f"SELECT {column} FROM {table} WHERE name LIKE 'raw%%'")
+            keys = sorted(int(row[0]) for row in cursor.fetchall())
+            transaction.set_rollback(True)
+            return keys
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+
+
+def guarded(workdir: Path) -> dict[str, Any]:
+    """KeyTriggerCheck: loud without the trigger, silent with it."""
+    app = _write_app(workdir)
+    (app / "models.py").write_text(GUARDED_MODELS)
+    _setup("same", workdir)
+    from django.core.management import call_command
+    from django.db import connection
+
+    quiet = {"verbosity": 0, "stdout": io.StringIO()}
+    call_command("makemigrations", "keyapp", **quiet)
+    created = sorted((app / "migrations").glob("0002_*.py"))[0]
+    result: dict[str, Any] = {"migration": created.read_text()}
+    sql = io.StringIO()
+    call_command("sqlmigrate", "keyapp", created.stem, stdout=sql)
+    result["sqlmigrate_tables"] = sql.getvalue()
+    call_command("migrate", verbosity=0, stdout=io.StringIO(), skip_checks=False)
+
+    def attempts() -> dict[str, Any]:
+        return {
+            "order": _raw_attempt(
+                "keyapp_order", "id", "INSERT INTO keyapp_order (name) VALUES ('raw1')"
+            ),
+            "order_zero": _raw_attempt(
+                "keyapp_order", "id", "INSERT INTO keyapp_order (id, name) VALUES (0, 'raw0')"
+            ),
+            "ticket": _raw_attempt(
+                "keyapp_ticket", "number", "INSERT INTO keyapp_ticket (name) VALUES ('raw1')"
+            ),
+        }
+
+    result["without_trigger"] = attempts()
+    (app / "migrations" / "0003_key_triggers.py").write_text(
+        TRIGGER_MIGRATION.format(previous=created.stem)
+    )
+    _migrate()
+    result["with_trigger"] = attempts()
+    _migrate("keyapp", created.stem)  # the trigger migration reversed: loud again
+    result["trigger_reversed"] = attempts()
+    try:
+        call_command("makemigrations", "--check", "--dry-run", **quiet)
+        result["check_clean"] = True
+    except SystemExit as exit_:
+        result["check_clean"] = exit_.code == 0
+    result["vendor"] = connection.vendor
+    connection.close()
+    return result
+
+
 def main() -> None:
     mode, workdir = sys.argv[1], Path(sys.argv[2])
     if mode == "same-alter":
         print(json.dumps(alter(workdir)))
+        return
+    if mode == "no-trigger":
+        print(json.dumps(guarded(workdir)))
         return
     app = _write_app(workdir)
     _setup(mode, workdir)

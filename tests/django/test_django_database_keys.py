@@ -14,7 +14,7 @@ from django.db import NotSupportedError, connections, models
 from django.db.migrations.state import ModelState, ProjectState
 from django.test.utils import isolate_apps
 
-from snowflake_db.django import KeyFunction, SnowflakeAutoField, SnowflakeField
+from snowflake_db.django import KeyFunction, KeyTriggerCheck, SnowflakeAutoField, SnowflakeField
 from snowflake_db.django.database_keys import DEFAULT_FUNCTION_NAME
 from snowflake_db.django.operations import InstallKeyFunction, InstallKeyTrigger
 from snowflake_db.errors import InvalidArgumentError, SnowflakeMigrationError
@@ -122,6 +122,46 @@ def test_an_existing_key_with_rows_takes_the_default(
     assert result["app_worker"] == 3
 
 
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_without_the_trigger_a_raw_insert_fails_naming_the_check(
+    database_factory: Callable[[str], ScratchDatabase], backend: str, tmp_path: Path
+) -> None:
+    """MariaDB: ``KeyTriggerCheck`` refuses the placeholder 0 a missing trigger leaves (never
+    migrated, or reversed), and lets the trigger's keys through; PostgreSQL needs neither."""
+    databases = {"default": django_database(database_factory(backend).url)}
+    result = run_step("tests.django.keys_scenario", "no-trigger", tmp_path, "KEYS_DATABASES",
+                      databases)
+    assert "snowflake_db.django.KeyTriggerCheck(name='keyapp_order_id_key_trigger_missing')" in (
+        result["migration"]
+    )
+    assert "snowflake_db.django.KeyTriggerCheck(field_name='number', name='keyapp_ticket_" in (
+        result["migration"]
+    )
+    assert result["check_clean"] is True
+    with_trigger = result["with_trigger"]
+    for key in ("order", "ticket"):
+        assert len(with_trigger[key]) == 1 and with_trigger[key][0] > 2**40
+    if backend == "postgresql":  # the default is the function itself: no trigger to miss
+        assert "CHECK" not in result["sqlmigrate_tables"]
+        for state in ("without_trigger", "trigger_reversed"):
+            assert result[state]["order"][0] > 2**40 and result[state]["ticket"][0] > 2**40
+        assert with_trigger["order_zero"] == [0]  # a key the INSERT gives is kept, as ever
+        return
+    assert with_trigger["order_zero"][0] > 2**40  # MariaDB's trigger replaces a given 0
+    for state in ("without_trigger", "trigger_reversed"):
+        attempts = result[state]
+        for key, constraint in (
+            ("order", "keyapp_order_id_key_trigger_missing"),
+            ("order_zero", "keyapp_order_id_key_trigger_missing"),
+            ("ticket", "keyapp_ticket_number_key_trigger_missing"),
+        ):
+            assert f"CONSTRAINT `{constraint}` failed" in attempts[key], (state, attempts)
+    assert (
+        "CONSTRAINT `keyapp_order_id_key_trigger_missing` CHECK (`id` <> 0)"
+        in result["sqlmigrate_tables"]
+    )
+
+
 # -- bad arguments, SQLite, checks (no server needed) -------------------------------------------
 
 
@@ -202,3 +242,63 @@ def test_trigger_on_postgresql_needs_the_field_default(backend: str) -> None:
     ):
         InstallKeyTrigger("plain").database_forwards("shop", editor, state, state)
 
+
+
+@backends("mariadb")
+def test_a_key_function_field_on_mariadb_needs_its_trigger_check(backend: str) -> None:
+    """E016 where the model migrates to MariaDB, for each field without its KeyTriggerCheck;
+    a model that declares them is clean."""
+    with isolate_apps("tests.django_project.shop"):
+
+        class Bare(models.Model):
+            id = SnowflakeAutoField(primary_key=True, db_default=KeyFunction())
+            number = SnowflakeField(db_default=KeyFunction())
+
+            class Meta:
+                app_label = "shop"
+
+        class Guarded(models.Model):
+            id = SnowflakeAutoField(primary_key=True, db_default=KeyFunction())
+            number = SnowflakeField(db_default=KeyFunction())
+
+            class Meta:
+                app_label = "shop"
+                constraints = [KeyTriggerCheck(), KeyTriggerCheck("number")]
+
+        errors = Bare.check(databases=[backend])
+        assert [error.id for error in errors] == ["snowflake_db.E016", "snowflake_db.E016"]
+        assert "shop.Bare.id has db_default=KeyFunction()" in errors[0].msg
+        assert "Add KeyTriggerCheck() (from snowflake_db.django)" in errors[0].hint
+        assert "Add KeyTriggerCheck('number')" in errors[1].hint
+        assert Guarded.check(databases=[backend]) == []
+        assert Bare.check() == []  # without databases (plain `check`) nothing is said
+        names = [constraint.name for constraint in Guarded._meta.constraints]
+        assert names == ["shop_guarded_id_key_trigger_missing",
+                         "shop_guarded_number_key_trigger_missing"]
+
+
+def test_trigger_check_deconstructs_with_its_formatted_name_and_is_silent_elsewhere() -> None:
+    check = KeyTriggerCheck("number", name="orders_number_guard")
+    assert check.deconstruct() == (
+        "snowflake_db.django.KeyTriggerCheck", (), {"field_name": "number",
+                                                    "name": "orders_number_guard"}
+    )
+    assert check.clone() == check != KeyTriggerCheck(name="orders_number_guard")
+    assert KeyTriggerCheck().deconstruct()[2] == {
+        "name": "%(app_label)s_%(class)s_id_key_trigger_missing"
+    }
+    with pytest.raises(InvalidArgumentError, match="field_name=''"):
+        KeyTriggerCheck("")
+    editor = connections["default"].schema_editor(collect_sql=True)  # SQLite: nothing
+    with isolate_apps("tests.django_project.shop"):
+
+        class Keyed(models.Model):
+            number = SnowflakeField()
+
+            class Meta:
+                app_label = "shop"
+
+        assert check.constraint_sql(Keyed, editor) is None
+        assert check.create_sql(Keyed, editor) is None
+        assert check.remove_sql(Keyed, editor) is None
+        check.validate(Keyed, Keyed(number=0))  # nothing to validate in Python

@@ -11,8 +11,12 @@ from sqlalchemy.engine import Engine
 
 import snowflake_db.alembic  # noqa: F401  (registers op.create_snowflake_worker_tables)
 from snowflake_db import Layout
-from snowflake_db.key_functions import _mariadb, install_key_function, install_key_trigger
-from snowflake_db.key_functions._spec import FunctionSpec
+from snowflake_db.key_functions import (
+    FunctionSpec,
+    _mariadb,
+    install_key_function,
+    install_key_trigger,
+)
 from snowflake_db.worker import worker_tables
 
 LAYOUT = Layout()

@@ -72,3 +72,41 @@ def _sqlite() -> Any:
     from sqlalchemy.dialects import sqlite
 
     return sqlite.dialect()
+
+
+class _KeyMixin:
+    id: Mapped[int] = snowflake_mapped_column(key_function="snowflake_next_id")
+
+
+class _MixedA(_KeyMixin, Base):
+    __tablename__ = "mixed_a"
+
+
+class _MixedB(_KeyMixin, Base):
+    __tablename__ = "mixed_b"
+
+
+def _ddl(table: Any, url: str) -> str:
+    from sqlalchemy import MetaData
+    from sqlalchemy.engine import create_mock_engine
+
+    out: list[str] = []
+    engine = create_mock_engine(url, lambda sql, *a, **k: out.append(str(sql.compile(
+        dialect=engine.dialect))))
+    metadata = MetaData()
+    table.to_metadata(metadata)  # a copy keeps one CHECK, not two
+    metadata.create_all(engine, checkfirst=False)
+    return "".join(out)
+
+
+@pytest.mark.parametrize("table", [Order.__table__, _MixedA.__table__, _MixedB.__table__])
+def test_the_trigger_check_is_mariadbs_alone(table: Any) -> None:
+    """Each table (mixin copies too) gets its own CHECK, created on MariaDB only."""
+    name = f"{table.name}_id_key_trigger_missing"
+    for url in ("mysql+pymysql://", "mariadb+pymysql://"):
+        ddl = _ddl(table, url)
+        assert ddl.count(f"CONSTRAINT {name} CHECK (id != 0)") == 1, ddl
+    for url in ("postgresql+psycopg://", "sqlite://"):
+        assert "CHECK" not in _ddl(table, url)
+    plain = snowflake_column("id")
+    assert "snowflake_db.key_function" not in plain.info

@@ -163,7 +163,8 @@ def test_collector_for_the_fleets_slots_only(sqlite_db: ScratchDatabase) -> None
 
     with pytest.raises(InvalidArgumentError, match="would report nothing"):
         SnowflakeCollector(with_slots=False, process_figures=False)
-    snowflake_db.configure(allocator=TableWorkerAllocator(sqlite_db.url_string))
+    allocator = TableWorkerAllocator(sqlite_db.url_string)
+    snowflake_db.configure(allocator=allocator)
     try:
         snowflake_db.snowflake_default()
         registry = CollectorRegistry()
@@ -171,5 +172,6 @@ def test_collector_for_the_fleets_slots_only(sqlite_db: ScratchDatabase) -> None
         text = generate_latest(registry).decode()
     finally:
         snowflake_db.reset()
+        allocator.close()  # its heartbeat thread would outlive the test (and its database)
     assert 'snowflake_db_worker_slots{state="live"} 1.0' in text
     assert "snowflake_db_ids_issued" not in text  # the multiprocess files report those

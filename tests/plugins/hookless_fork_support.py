@@ -8,12 +8,47 @@ import ctypes
 import time
 from collections.abc import Callable
 
-from snowflake_db.worker import TableLease
+from snowflake_db.worker import TableLease, _process_hooks
 
 #: libc's fork(), as uWSGI calls it: no Python fork hook runs in the child. PyDLL keeps the GIL
 #: across the call: with CDLL another thread (a heartbeat) could take it meanwhile, and the child
 #: would wait forever for a GIL held by a thread that was not copied into it.
-LIBC_FORK: Callable[[], int] = ctypes.PyDLL(None, use_errno=True).fork
+_RAW_FORK: Callable[[], int] = ctypes.PyDLL(None, use_errno=True).fork
+#: How many of the SQLite fork gate's waits (5 s each) a fork waits for SQLite calls to end.
+GATE_TRIES = 6
+
+
+def LIBC_FORK() -> int:  # noqa: N802 - named as the libc function it stands for
+    """libc's fork() (no Python fork hook in the child), once no thread of this process is inside
+    a SQLite call of an allocator: the library's SQLite fork gate, which a fork with the hooks
+    runs itself, run here around the raw fork.
+
+    A child forked while the parent's heartbeat had a SQLite transaction open (a renewal, or the
+    clock comparison after it) inherits SQLite's in-process lock records of that file: its own
+    connection then finds the file locked for good (``AllocatorUnavailableError``, "database is
+    locked", after the busy timeout; the documented limit of hook-less forks, see
+    docs/reference/worker-table.md). A quiet period after a renewal avoided that by chance only;
+    these tests fork outside SQLite calls for sure, to test one thing each.
+    """
+    try:
+        # The gate waits until no SQLite call is under way, new ones wait for the fork; a call
+        # may wait on a lock a child holds, so the gate is given a few of its own bounds.
+        for _ in range(GATE_TRIES):
+            _process_hooks._sqlite_before_fork()
+            if not _process_hooks._calls:
+                break
+        else:
+            raise AssertionError(
+                f"{_process_hooks._calls} SQLite call(s) of this process still under way after "
+                f"{GATE_TRIES} x {_process_hooks.FORK_WAIT_S:g} s: a hook-less child would "
+                "inherit their locks")
+        pid = _RAW_FORK()
+    except BaseException:
+        _process_hooks._sqlite_after_fork_in_parent()
+        raise
+    if pid != 0:  # the child resets the gate in its first call of the library
+        _process_hooks._sqlite_after_fork_in_parent()
+    return pid
 
 
 def settle_threads(lease: TableLease | None = None) -> None:

@@ -36,7 +36,7 @@ import pytest
 from sqlalchemy import Engine, MetaData, create_engine, select
 
 from snowflake_db import Layout, SnowflakeGenerator
-from snowflake_db.errors import ShardMoveError
+from snowflake_db.errors import ShardMovedError, ShardMoveError
 from snowflake_db.sharding.moved import retry_shard_moved, shard_moved_error
 from snowflake_db.sharding.moves import Leftovers, MovedTable, ShardMover, wait_until
 from snowflake_db.sharding.routing import ControlledShardRouter
@@ -48,6 +48,8 @@ from snowflake_db.sharding.shard_map import (
     shard_map_tables,
 )
 from snowflake_db.worker import worker_tables
+
+from .fence_events import Attempt, Attempts, FenceClock, assert_fence_judged
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYOUT = Layout(sequence_bits=8, shard_bits=4)
@@ -507,6 +509,8 @@ class MapWriter:
     failed: int = 0
     ops: int = 0
     errors: list[str] = field(default_factory=list)
+    #: Every try of every write, with its outcome (:mod:`tests.plugins.fence_events`).
+    attempts: Attempts = field(default_factory=Attempts)
     _connections: dict[str, Any] = field(default_factory=dict)
 
     def run(self) -> None:
@@ -544,8 +548,9 @@ class MapWriter:
             moves.write_kinds, rng, self.acked, generator.next_id_in_shard(shard), status)
 
         def work() -> int:
-            return moves.run(self._connection(router.target_of_shard(oid & MASK)), query,
-                             params)
+            target = router.target_of_shard(oid & MASK)
+            return self.attempts.run(
+                oid, target, lambda: moves.run(self._connection(target), query, params))
 
         def refresh() -> int:
             self.refused += 1
@@ -618,15 +623,36 @@ class Writers:
     def doubtful(self) -> set[int]:
         return set().union(*(w.doubtful for w in self.writers))
 
+    def attempts(self) -> list[Attempt]:
+        """Every writer's attempts (read once the writers stopped)."""
+        return [a for w in self.writers for a in w.attempts.recorded]
+
+
+#: Writers started by the running test, stopped after it whatever happened (a test that failed
+#: before :meth:`Writers.stop` left them issuing IDs and writing in the pytest worker).
+_running: list[Writers] = []
+
+
+@pytest.fixture(autouse=True)
+def _writers_stopped() -> Iterator[None]:
+    """After every test: stop and join (bounded) the writers it started and left running."""
+    yield
+    while _running:
+        running = _running.pop()
+        running.stop_event.set()
+        for thread in running.threads:
+            thread.join(60)
+
 
 def start_writers(setup: Setup, ids: tuple[int, ...] = (1, 2)) -> Writers:
     """Writer threads, running (each has acknowledged writes) when this returns."""
     stop = threading.Event()
     writers = [MapWriter(w, setup, stop) for w in ids]
     threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
+    running = Writers(writers, stop, threads)
+    _running.append(running)
     for thread in threads:
         thread.start()
-    running = Writers(writers, stop, threads)
     try:
         wait_until(lambda: all(w.ops >= 10 for w in writers) or not running.alive(),
                    timeout_s=60, what="writers running")
@@ -695,6 +721,33 @@ def assert_fence_left(setup: Setup, move_id: int) -> None:
     assert record.state == "done" and record.mover_token is None
     left = mover.leftovers(move_id)
     assert left.replication_empty and len(left.fence_triggers) == setup.kind.fence_objects
+
+
+def assert_fenced_on_a(setup: Setup, shard: int, move_id: int) -> None:
+    """The move's fence is up on a (once the mover committed it, until a cleanup of a later
+    move): a write of ``shard`` there is refused with the fence's error naming the shard, the
+    new target b and the move."""
+    oid = SnowflakeGenerator(9, layout=LAYOUT).next_id_in_shard(shard)
+    with pytest.raises(Exception) as refused:  # the fence's error, whatever the driver
+        setup.kind.write(setup.url("a"), "INSERT INTO orders (id, customer_id, total_cents, "
+                                         "status) VALUES (%s, 4, 4, 'fenced')", (oid,))
+    moved = shard_moved_error(refused.value)
+    assert isinstance(moved, ShardMovedError), refused.value
+    assert (moved.shard, moved.target, moved.move_id) == (shard, "b", move_id)
+
+
+def assert_fence_did(setup: Setup, writers: Writers, move_id: int, fence_up: float) -> None:
+    """What the fence of ``move_id`` (shard :data:`SHARD`, a -> b) did to the stopped
+    ``writers``, exactly: whether a writer met it before the flip is chance (the router follows
+    the map within 0.1 s), so "at least one refusal" is no claim. Every refusal was a write of
+    the shard on a, by this move's fence; no write of the shard that began after ``fence_up``
+    (when the mover reported it up, or a moment by which it surely was) was answered by a; each
+    refusal refreshed the router (the retry polls it, so refreshes may outnumber them); and a
+    write there now is still refused naming the move."""
+    refused = assert_fence_judged(writers.attempts(), shard=SHARD, mask=MASK, source="a",
+                                  target="b", move_id=move_id, fence_up=fence_up)
+    assert refused <= writers.refused, (refused, writers.refused)
+    assert_fenced_on_a(setup, SHARD, move_id)
 
 
 # -- a mover killed after a journal line -------------------------------------------------------
@@ -855,12 +908,13 @@ class InThread:
 
 
 class MoveThread(InThread):
-    """``mover.move`` in a thread: its id or its error, and its progress events."""
+    """``mover.move`` in a thread: its id or its error, its progress events, and when the
+    fence was reported up (:class:`~tests.plugins.fence_events.FenceClock`)."""
 
     def __init__(self, mover: ShardMover, shard: int = SHARD, to: str = "b") -> None:
-        self.events: list[str] = []
-        super().__init__(lambda: mover.move(shard, to,
-                                            progress=lambda e: self.events.append(str(e))))
+        self.clock = FenceClock()
+        self.events = self.clock.events
+        super().__init__(lambda: mover.move(shard, to, progress=self.clock))
 
     def describe(self) -> object:
         return self.events[-5:]

@@ -227,12 +227,9 @@ def test_other_processes_see_a_flip(
 
 
 def test_the_barrier_waits_for_every_live_lease(control: Engine, any_db: ScratchDatabase) -> None:
-    first = SnowflakeGenerator(
-        allocator=TableWorkerAllocator(any_db.url_string, lease_seconds=30), layout=LAYOUT
-    )
-    second = SnowflakeGenerator(
-        allocator=TableWorkerAllocator(any_db.url_string, lease_seconds=30), layout=LAYOUT
-    )
+    allocators = [TableWorkerAllocator(any_db.url_string, lease_seconds=30) for _ in range(2)]
+    first = SnowflakeGenerator(allocator=allocators[0], layout=LAYOUT)
+    second = SnowflakeGenerator(allocator=allocators[1], layout=LAYOUT)
     router = ShardRouter.from_control(
         control, layout=LAYOUT, refresh_s=0.1, generator=first, background=False
     )
@@ -256,6 +253,8 @@ def test_the_barrier_waits_for_every_live_lease(control: Engine, any_db: Scratch
         router.close()
         first.close()
         second.close()
+        for allocator in allocators:  # their heartbeat threads would outlive the test
+            allocator.close()
 
 
 def test_fixed_routers_still_need_no_sqlalchemy() -> None:

@@ -26,10 +26,8 @@ import psycopg
 import pytest
 from sqlalchemy import MetaData, create_engine, insert, update
 
-from snowflake_db import SnowflakeGenerator
 from snowflake_db.cli import main
-from snowflake_db.errors import ShardMovedError, ShardMoveError, UnknownShardError
-from snowflake_db.sharding.moved import shard_moved_error
+from snowflake_db.errors import ShardMoveError, UnknownShardError
 from snowflake_db.sharding.moves import (
     FENCE_SQLSTATE,
     FORWARD_STEPS,
@@ -45,14 +43,16 @@ from snowflake_db.sharding.shard_map import (
 )
 from snowflake_db.worker import worker_tables
 
+from ..plugins.fence_events import FenceClock
 from ..plugins.shard_moves import (
-    LAYOUT,
     MASK,
     SHARD,
     TABLES,
     Setup,
     assert_exactly_once,
+    assert_fence_did,
     assert_fence_left,
+    assert_fenced_on_a,
     assert_moved,
     kill_mover_after,
     manage_shards,
@@ -74,13 +74,14 @@ EVERY_BACKEND = on_every_backend("shard_mover")
 def test_full_move_under_writers_keeps_every_acknowledged_order_once(setup: Setup) -> None:
     preloaded = setup.all_rows("a")
     writers = start_writers(setup)
-    events: list[str] = []
+    clock = FenceClock()
+    events = clock.events
     try:
-        move_id = setup.mover(progress_every_s=0.2).move(
-            SHARD, "b", progress=lambda event: events.append(str(event)))
+        move_id = setup.mover(progress_every_s=0.2).move(SHARD, "b", progress=clock)
     finally:
         writers.stop(after=40)
-    assert writers.refused >= 1  # the fence refused, the retry passed
+    assert clock.fence_up is not None, events
+    assert_fence_did(setup, writers, move_id, clock.fence_up)
     assert setup.kind.write_kinds <= writers.kinds()
     # Every acknowledged order exactly once, where the final map says, as acknowledged.
     assert_exactly_once(setup, writers, preloaded)
@@ -131,7 +132,7 @@ def test_mover_killed_after_each_journaled_step_then_resumed(
             flipped = setup.mover().status(move_id).move.flipped
             assert setup.map_of(shard)[0] == ("b" if flipped else "a"), step
             if (step, status) == ("fence", "done"):
-                _assert_fenced_on_a(setup, shard, move_id)
+                assert_fenced_on_a(setup, shard, move_id)
                 fenced_checked = True
             # Its lease (30 s) has not lapsed: a plain resume is refused, --force takes over.
             assert main(setup.cli_move("--resume", str(move_id))) == 2
@@ -148,18 +149,6 @@ def test_mover_killed_after_each_journaled_step_then_resumed(
     assert_exactly_once(setup, writers, preloaded)
     for move_id in moves:
         assert_fence_left(setup, move_id)
-
-
-def _assert_fenced_on_a(setup: Setup, shard: int, move_id: int) -> None:
-    """A mover killed once the fence is up leaves the shard fenced on a: a write there is
-    refused with the fence's error naming the move, until the resumed mover flips."""
-    oid = SnowflakeGenerator(9, layout=LAYOUT).next_id_in_shard(shard)
-    with pytest.raises(Exception) as refused:  # the fence's error, whatever the driver
-        setup.kind.write(setup.url("a"), "INSERT INTO orders (id, customer_id, total_cents, "
-                                         "status) VALUES (%s, 4, 4, 'fenced')", (oid,))
-    moved = shard_moved_error(refused.value)
-    assert isinstance(moved, ShardMovedError), refused.value
-    assert (moved.shard, moved.target, moved.move_id) == (shard, "b", move_id)
 
 
 # -- abort, a second mover -----------------------------------------------------------------------
