@@ -14,6 +14,7 @@ pytest_plugins = [
     "tests.plugins.databases",
     "tests.plugins.process_default",
     "tests.plugins.scheduler_delay",
+    "tests.plugins.shard_moves",  # the move tests' throwaway servers, one pair per process
 ]
 
 # `make test` runs pytest -n 6 --dist loadgroup -m "not timing" (pytest-xdist: tests in

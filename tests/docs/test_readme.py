@@ -248,12 +248,12 @@ def control_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def shard_servers() -> Iterator[dict[str, str]]:
     """The shard-move examples' databases by ``SHARD_SERVER_URLS`` name: ``shop`` on a source
-    and a target cluster (``tests/plugins/shard_moves.py``: one initdb, ``wal_level = logical``,
-    stopped by PID at the end) with the same tables, rows only on the source, and a control
-    database with the worker table, whose leases a move's barrier reads."""
+    and a target cluster (``tests/plugins/shard_moves_postgres.py``: one initdb,
+    ``wal_level = logical``, stopped by PID at the end) with the same tables, rows only on the
+    source, and a control database with the worker table, whose leases a move's barrier reads."""
     from snowflake_db.worker import TableWorkerAllocator
 
-    from ..plugins.shard_moves import DDL, LOAD, start_clusters
+    from ..plugins.shard_moves_postgres import DDL, LOAD, start_clusters
 
     with start_clusters() as clusters:
         for cluster in (clusters.source, clusters.target):

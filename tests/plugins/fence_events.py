@@ -10,7 +10,9 @@ follows the map within 0.1 s) is chance, so "at least one refusal" is no claim. 
   the move);
 * no write of the moving shard that began after the fence was up was answered by the source;
 * the fence is still there after the move: a write of the shard on the source is refused
-  (each test checks that one directly, with its backend's driver).
+  naming the move (checked directly, with the backend's driver:
+  :func:`tests.plugins.shard_moves.assert_fence_did` makes all three checks, for both
+  backends).
 """
 
 from __future__ import annotations

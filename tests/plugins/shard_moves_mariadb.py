@@ -1,39 +1,33 @@
-"""Two throwaway MariaDB servers, a database pair on them, writer threads and a step driver:
-what the MariaDB shard-move tests share (tests/sharding/test_shard_moves_mariadb.py).
+"""The MariaDB part of the shard-move tests (:mod:`tests.plugins.shard_moves` holds what every
+backend shares): two throwaway servers, a database pair on them, a step driver, and what only
+MariaDB has (capture triggers, changelog and progress tables; the copy held by a row lock).
 
 ``start_servers`` starts a source with a row-based binary log (as production sources run:
 the triggers and the binlog checks are exercised with it) and a target without one
 (``example_project.local_servers``, stopped by PID at the end); ``Pair`` is one database on each
-with the same sharded tables, rows only on the source; ``Writer`` writes (insert, INSERT IGNORE,
-ON DUPLICATE KEY UPDATE, REPLACE, update, delete) its own rows on every shard so that what each
-acknowledged write left is known exactly; ``run_steps`` drives a backend's steps in order.
+with the same sharded tables, rows only on the source; ``run_steps`` drives a backend's steps
+in order; ``KIND`` is this backend's :class:`tests.plugins.shard_moves.Kind`.
 """
 
 from __future__ import annotations
 
 import itertools
-import random
 import subprocess
-import threading
-import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from typing import Any
 
 import pymysql
+from sqlalchemy.engine import make_url
 
 from example_project import local_servers
-from snowflake_db import Layout, SnowflakeGenerator
-from snowflake_db.sharding.moves import MovedTable, wait_until
+from snowflake_db.sharding.moves import Leftovers, wait_until
 from snowflake_db.sharding.moves._mariadb import FENCE_ERRNO, MariaDBMoveBackend
 
 from .databases import unavailable
+from .shard_moves import CONNECT_TIMEOUT_S, STEP_TIMEOUT_S, BasePair, MoveThread, Setup, server_pair
 
-LAYOUT = Layout(sequence_bits=8, shard_bits=4)
-MASK = LAYOUT.max_shard
-TABLES = [MovedTable("orders"), MovedTable("order_items")]
-STEP_TIMEOUT_S = 60.0
 DDL = [
     """CREATE TABLE orders (id BIGINT PRIMARY KEY, customer_id BIGINT NOT NULL,
        status VARCHAR(40) NOT NULL DEFAULT 'new', total_cents BIGINT NOT NULL,
@@ -96,34 +90,24 @@ def start_servers() -> Iterator[Servers]:
         source = Server(binlog=True, name="mvsrc")
     except local_servers.ServerUnavailableError as error:
         unavailable(str(error))
-    target: Server | None = None
-    try:
-        target = Server(name="mvtgt", template=source.data)
+
+    def start(source: Server, target: Server) -> None:
         source.launch()
         target.launch()
         source.wait_ready()
         target.wait_ready()
-        assert not {source.port, target.port} & {5432, 3306}  # never the shared servers
+
+    with server_pair(source, lambda: Server(name="mvtgt", template=source.data), start
+                     ) as (_, target):
         yield Servers(source, target)
-    finally:
-        source.close()
-        if target is not None:
-            target.close()
 
 
 _databases = itertools.count(1)
 
 
 @dataclass
-class Pair:
+class Pair(BasePair):
     """One database on each server, with the same sharded tables; rows only on the source."""
-
-    servers: Servers
-    db: str
-    move_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
-
-    def server(self, which: str) -> Server:
-        return self.servers.source if which == "source" else self.servers.target
 
     def url(self, which: str, user: str = "root", password: str = "") -> str:
         server = self.server(which)
@@ -138,11 +122,8 @@ class Pair:
 
     def backend(self, *, shard: int = 5, move_id: int | None = None, **options: Any
                 ) -> MariaDBMoveBackend:
-        given: dict[str, Any] = {
-            "source": self.url("source"), "target": self.url("target"), "layout": LAYOUT,
-            "shard": shard, "move_id": next(self.move_ids) if move_id is None else move_id,
-            "target_name": "maria_b", "tables": TABLES,
-        }
+        given: dict[str, Any] = {"source": self.url("source"), "target": self.url("target"),
+                                 **self.move_options(shard, move_id, "maria_b")}
         given.update(options)
         return MariaDBMoveBackend(**given)
 
@@ -158,13 +139,6 @@ class Pair:
     def execute(self, which: str, *statements: str) -> None:
         for statement in statements:
             self.query(which, statement)
-
-    def rows(self, which: str, table: str, shard: int) -> dict[int, tuple[Any, ...]]:
-        return {row[0]: row for row in self.query(
-            which, f"SELECT * FROM {table} WHERE (id & {MASK}) = %s", (shard,))}
-
-    def count(self, which: str, query: str) -> int:
-        return int(self.query(which, query)[0][0])
 
     def move_objects(self, which: str) -> list[str]:
         """Every trigger and table of any move (``sfdb_*``) in this database on ``which``."""
@@ -216,110 +190,6 @@ def is_fence_refusal(error: BaseException) -> bool:
     return bool(args) and args[0] == FENCE_ERRNO and "SFM01 shard=" in str(args[1])
 
 
-# -- writers -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Op:
-    start: float
-    end: float
-    shard: int
-    kind: str
-    ok: bool
-
-
-@dataclass
-class Writer:
-    """Autocommit writes on every shard, own rows only, so that what each acknowledged write
-    left behind is known exactly: plain INSERT, INSERT IGNORE (a new row, or a duplicate that
-    changes nothing), INSERT ... ON DUPLICATE KEY UPDATE, REPLACE, UPDATE and DELETE."""
-
-    worker_id: int
-    pair: Pair
-    stop: threading.Event
-    ops: list[Op] = field(default_factory=list)
-    alive: dict[int, str] = field(default_factory=dict)  # acknowledged rows -> status
-    deleted: set[int] = field(default_factory=set)
-    errors: list[str] = field(default_factory=list)
-
-    def run(self) -> None:
-        generator = SnowflakeGenerator(self.worker_id, layout=LAYOUT)
-        rng = random.Random(self.worker_id)
-        try:
-            connection = self.pair.connect("source")
-            try:
-                while not self.stop.is_set() and len(self.ops) < 50_000:
-                    self._one(connection, generator, rng)
-                    time.sleep(0.001)
-            finally:
-                connection.close()
-        except Exception as error:  # reported by the test, never swallowed
-            self.errors.append(repr(error))
-
-    def _one(self, connection: Any, generator: SnowflakeGenerator, rng: random.Random) -> None:
-        roll = rng.random()
-        status = f"s{rng.randrange(10_000)}"
-        new_id = generator.next_id_in_shard(rng.randrange(MASK + 1))
-        existing = rng.choice(list(self.alive)) if self.alive else None
-        insert = "INTO orders (id, customer_id, total_cents, status) VALUES (%s, 7, 70, %s)"
-        after: str | None  # the row's status once acknowledged (None: deleted)
-        if existing is not None and roll < 0.15:
-            oid, kind, after = existing, "update", status
-            query, params = "UPDATE orders SET status = %s WHERE id = %s", (status, oid)
-        elif existing is not None and roll < 0.25:
-            oid, kind, after = existing, "delete", None
-            query, params = "DELETE FROM orders WHERE id = %s", (oid,)
-        elif existing is not None and roll < 0.32:  # a duplicate: ignored, nothing changes
-            oid, kind, after = existing, "insert_ignore_dup", self.alive[existing]
-            query, params = f"INSERT IGNORE {insert}", (oid, status)
-        elif roll < 0.4:
-            oid, kind, after = new_id, "insert_ignore", status
-            query, params = f"INSERT IGNORE {insert}", (oid, status)
-        elif existing is not None and roll < 0.5:
-            oid, kind, after = existing, "upsert", status
-            query = f"INSERT {insert} ON DUPLICATE KEY UPDATE status = VALUES(status)"
-            params = (oid, status)
-        elif existing is not None and roll < 0.58:
-            oid, kind, after = existing, "replace", status
-            query, params = f"REPLACE {insert}", (oid, status)
-        else:
-            oid, kind, after = new_id, "insert", status
-            query, params = f"INSERT {insert}", (oid, status)
-        start = time.monotonic()
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(query, params)  # autocommit: acknowledged when it returns
-            ok = True
-        except pymysql.MySQLError as error:
-            if not is_fence_refusal(error):
-                raise
-            ok = False
-        self.ops.append(Op(start, time.monotonic(), oid & MASK, kind, ok))
-        if not ok:
-            return
-        if after is None:
-            del self.alive[oid]
-            self.deleted.add(oid)
-        else:
-            self.alive[oid] = after
-
-
-def start_writers(pair: Pair, count: int = 3) -> tuple[list[Writer], Callable[[], None]]:
-    """``count`` writer threads on the source; returns them and a stop (joins, bounded)."""
-    stop = threading.Event()
-    writers = [Writer(worker, pair, stop) for worker in range(1, count + 1)]
-    threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
-    for thread in threads:
-        thread.start()
-
-    def stopped() -> None:
-        stop.set()
-        for thread in threads:
-            thread.join(30)
-        assert not any(thread.is_alive() for thread in threads)
-    return writers, stopped
-
-
 # -- steps -------------------------------------------------------------------------------------
 
 
@@ -368,3 +238,129 @@ def run_steps(backend: MariaDBMoveBackend, *, start_at: str = "check",
             if name == stop_after:
                 break
     return results
+
+
+# -- this backend's part of the shared tests ---------------------------------------------------
+
+#: The fence's objects on the source: a trigger per kind of write on each of the two tables,
+#: and the fence row's table.
+FENCE_OBJECTS = 2 * 3 + 1
+
+
+@dataclass
+class RowLockHold:
+    """A transaction on the target that holds a lock on the end of the empty ``orders`` table
+    (a locking read of all of it): every insert into it waits, the copy's first one included,
+    for up to ``innodb_lock_wait_timeout`` (50 s); the mover's checks read past it."""
+
+    setup: Setup
+    connection: Any
+
+    def wait(self, moving: MoveThread) -> None:
+        def held() -> bool:
+            assert moving.error is None, (moving.error, moving.events)
+            return copy_waiting(self.setup)
+        wait_until(held, timeout_s=60, what="the copy's insert waiting on b", poll_s=0.2)
+
+    def release(self) -> None:
+        with suppress(pymysql.MySQLError):  # a killed target ended the session already
+            self.connection.rollback()  # the copy goes on
+        with suppress(pymysql.MySQLError):
+            self.connection.close()
+
+    def drop(self) -> None:
+        """Nothing: the lock went with its transaction."""
+
+
+def copy_waiting(setup: Setup) -> bool:
+    """Whether an insert into ``b``'s orders waits for a lock (the held copy). Polled at
+    0.2 s at most: InnoDB refreshes its transaction views only 0.1 s after the last read."""
+    return bool(setup.pair.query(
+        "target", "SELECT 1 FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' "
+                  "AND trx_query LIKE '%%INSERT INTO%%orders%%'"))
+
+
+class MariaDBKind:
+    """MariaDB's part of :mod:`tests.plugins.shard_moves`."""
+
+    name = "mariadb"
+    fence_objects = FENCE_OBJECTS
+    write_kinds = frozenset({"insert", "insert_ignore", "insert_ignore_dup", "upsert",
+                             "replace", "update", "delete"})
+    down_errors: tuple[type[BaseException], ...] = (pymysql.err.OperationalError,)
+
+    def start_servers(self, *, both_logical: bool = True) -> Any:
+        """The source with a row-based binary log, the target without (either way)."""
+        return start_servers()
+
+    def make_pair(self, servers: Servers, prefix: str) -> Any:
+        return make_pair(servers, prefix=prefix)
+
+    def open(self, url: str) -> Any:
+        """An autocommit connection."""
+        where = make_url(url)
+        return pymysql.connect(host=where.host, port=where.port, user=where.username,
+                               database=where.database, autocommit=True, charset="utf8mb4",
+                               connect_timeout=CONNECT_TIMEOUT_S)
+
+    def write(self, url: str, query: str, params: tuple[Any, ...]) -> int:
+        """One autocommit statement on its own connection (:meth:`open`)."""
+        connection = self.open(url)
+        try:
+            return self.run(connection, query, params)
+        finally:
+            connection.close()
+
+    def run(self, connection: Any, query: str, params: tuple[Any, ...]) -> int:
+        with connection.cursor() as cursor:
+            return int(cursor.execute(query, params))
+
+    def hold_copy(self, setup: Setup) -> RowLockHold:
+        connection = setup.connect("b", autocommit=False)
+        with connection.cursor() as cursor:
+            assert cursor.execute("SELECT id FROM orders FOR UPDATE") == 0
+        return RowLockHold(setup, connection)
+
+    def bring_down(self, server: Server, how: str) -> None:
+        """``stop``: a clean shutdown (SIGTERM); ``kill``: SIGKILL (crash recovery)."""
+        assert server.process is not None
+        if how == "kill":
+            server.process.kill()
+            server.process.wait(30)
+            server.process = None
+        else:
+            assert how == "stop", how
+            server.stop()
+
+    def is_down(self, server: Server) -> bool:
+        return server.process is None
+
+    def run_steps(self, backend: MariaDBMoveBackend, *, stop_after: str | None = None
+                  ) -> dict[str, Any]:
+        return run_steps(backend, stop_after=stop_after)
+
+    def assert_left_after(self, pair: Pair, left: Leftovers, step: str, move_id: int, *,
+                          captured: bool, copying: bool, fenced: bool) -> None:
+        """The changelog (and the fence's triggers and table, down) once captured, the
+        copy's progress table once copying, the fence's row up once fenced."""
+        assert (f"source:sfdb_changes_{move_id}" in left.verify_objects) == captured, step
+        assert (f"target:sfdb_copy_{move_id}" in left.verify_objects) == copying, step
+        assert len(left.fence_triggers) == (FENCE_OBJECTS if captured else 0), step
+        fence_row = pair.query("source", f"SELECT fenced FROM sfdb_fence_{move_id}"
+                               ) if captured else [(0,)]
+        assert fence_row == [(int(fenced),)], step
+
+    def assert_not_fenced(self, pair: Pair, backend: MariaDBMoveBackend) -> None:
+        """The fence's row down, and no mark of a first pass in the changelog."""
+        assert pair.query("source", f"SELECT fenced FROM sfdb_fence_{backend.move_id}"
+                          ) == [(0,)]
+        assert pair.query("source", f"SELECT COUNT(*) FROM sfdb_changes_{backend.move_id} "
+                                    "WHERE seq = 1") == [(0,)]  # no mark
+
+    def drop_database(self, server: Server, name: str) -> None:
+        with suppress(pymysql.MySQLError), server.connect() as connection, \
+                connection.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS {name}")
+
+
+KIND = MariaDBKind()

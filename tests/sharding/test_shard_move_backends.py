@@ -48,6 +48,7 @@ from snowflake_db.sharding.shard_map import (
 )
 from snowflake_db.worker import worker_tables
 from tests.plugins.databases import ScratchDatabase
+from tests.plugins.shard_moves import manage_shards
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYOUT = Layout(sequence_bits=8, shard_bits=4)
@@ -343,37 +344,6 @@ def test_a_mariadb_to_mariadb_plan_goes_to_the_mariadb_backend(
     assert mixed.counts() == before
 
 
-_DJANGO = textwrap.dedent("""
-    import sys
-
-    import pymysql
-
-    pymysql.install_as_MySQLdb()  # Django's MySQL backend imports MySQLdb
-    import django
-    from django.conf import settings
-    from sqlalchemy.engine import make_url
-
-    def database(text):
-        url = make_url(text)
-        engine = ("django.db.backends.postgresql" if url.get_backend_name() == "postgresql"
-                  else "django.db.backends.mysql")
-        return {"ENGINE": engine, "NAME": url.database, "USER": url.username,
-                "HOST": url.host, "PORT": str(url.port)}
-
-    control, pg, maria = sys.argv[1:4]
-    settings.configure(
-        INSTALLED_APPS=["snowflake_db.django"],
-        DATABASES={"default": database(control), "shard_pg": database(pg),
-                   "shard_maria": database(maria)},
-        SNOWFLAKE_DB={"WORKER_SOURCE": "manual", "LAYOUT": {"sequence_bits": 8,
-                                                            "shard_bits": 4}},
-        SNOWFLAKE_SHARD_ROUTER={"TARGETS": ["shard_pg", "shard_maria"]},
-    )
-    django.setup()
-    from django.core.management import execute_from_command_line
-
-    execute_from_command_line(["manage.py", "snowflake", "shards", *sys.argv[4:]])
-""")
 
 
 @pytest.mark.parametrize("control_backend", ["postgresql", "mariadb"])
@@ -386,10 +356,8 @@ def test_manage_py_shards_takes_a_mysql_alias_and_refuses_a_cross_backend_move(
     create_shard_map_tables(engine)
 
     def manage(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-c", _DJANGO, control.url_string, pg.url_string,
-             maria.url_string, *args],
-            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+        return manage_shards({"default": control.url_string, "shard_pg": pg.url_string,
+                              "shard_maria": maria.url_string}, *args)
 
     done = manage("init", "--assign", "shard_pg")
     assert done.returncode == 0, done.stderr

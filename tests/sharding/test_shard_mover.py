@@ -1,36 +1,33 @@
-"""The journaled shard mover (ShardMover and ``snowflake-db shards``) on two throwaway clusters.
+"""The journaled shard mover (ShardMover and ``snowflake-db shards``) between two throwaway
+servers of one backend.
 
-Both clusters run ``wal_level = logical`` (a shard moves from ``a`` to ``b`` and back); the
-control database is a third database on the first cluster. Each test has its own databases:
-two sharded tables of a few thousand rows, every logical shard on ``a`` at first. A mover is
-killed with a real SIGKILL (a subprocess running ``move()``) after each journaled step, then
-``shards move --resume`` finishes the move. Without the PostgreSQL binaries the tests skip with
-the reason; under ``CI=true`` they fail.
+The claims every backend shares run on both (``move_backend``: PostgreSQL clusters with
+``wal_level = logical``, MariaDB servers, the source with a row-based binary log): a whole
+move under writers, a mover killed with a real SIGKILL (a subprocess running ``move()``)
+after each journaled step then resumed with ``shards move --resume``, an abort, a second
+mover refused. Writer threads route every write by the map in the control database and
+retry a write the fence refused (:class:`tests.plugins.shard_moves.MapWriter`), and each case
+ends with every acknowledged order exactly once, as acknowledged, on the target the final map
+names. The rest are PostgreSQL's own (MariaDB's are in test_shard_mover_mariadb.py). Each test
+has its own databases: two sharded tables of a few thousand rows, every logical shard on
+``a`` at first, and a control database on the first server. Without the binaries the tests
+skip with the reason; under ``CI=true`` they fail.
 """
 
 from __future__ import annotations
 
 import json
-import random
-import signal
 import subprocess
-import sys
-import textwrap
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from sqlalchemy import MetaData, create_engine, insert, update
 
-from snowflake_db import SnowflakeGenerator
 from snowflake_db.cli import main
 from snowflake_db.errors import ShardMoveError, UnknownShardError
-from snowflake_db.sharding.moved import shard_moved_error
 from snowflake_db.sharding.moves import (
     FENCE_SQLSTATE,
     FORWARD_STEPS,
@@ -38,7 +35,6 @@ from snowflake_db.sharding.moves import (
     ShardMover,
     wait_until,
 )
-from snowflake_db.sharding.routing import ControlledShardRouter
 from snowflake_db.sharding.shard_map import (
     create_shard_map_tables,
     read_shard_map,
@@ -47,230 +43,77 @@ from snowflake_db.sharding.shard_map import (
 )
 from snowflake_db.worker import worker_tables
 
-from ..plugins.fence_events import Attempts, FenceClock, assert_fence_judged
+from ..plugins.fence_events import FenceClock
 from ..plugins.shard_moves import (
-    BOTH_CONF,
-    LAYOUT,
     MASK,
+    SHARD,
     TABLES,
-    Clusters,
     Setup,
+    assert_exactly_once,
+    assert_fence_did,
+    assert_fence_left,
+    assert_fenced_on_a,
     assert_moved,
-    make_pair,
-    make_setup,
-    start_clusters,
+    kill_mover_after,
+    manage_shards,
+    on_every_backend,
+    start_writers,
 )
+from ..plugins.shard_moves_postgres import Clusters, make_pair
 
-pytestmark = pytest.mark.xdist_group("shard_mover")
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def clusters() -> Iterator[Clusters]:
-    with start_clusters(BOTH_CONF, BOTH_CONF) as started:
-        yield started
-
-
-@pytest.fixture
-def setup(clusters: Clusters) -> Iterator[Setup]:
-    with make_setup(clusters) as made:
-        yield made
+# PostgreSQL's own tests; the shared ones run in a group per backend (on_every_backend).
+pytestmark = pytest.mark.xdist_group("shard_mover_postgresql")
+BACKEND = "postgresql"
+EVERY_BACKEND = on_every_backend("shard_mover")
 
 
 # -- the whole move under writers -----------------------------------------------------------------
 
 
-@dataclass
-class RoutedWriter:
-    """Writes (insert, update, delete of its own rows) routed by the map in the control
-    database; a write refused by a fence is retried after a refresh of the router (bounded)."""
-
-    worker_id: int
-    setup: Setup
-    stop: threading.Event
-    acked: dict[int, str] = field(default_factory=dict)
-    deleted: set[int] = field(default_factory=set)
-    refused: int = 0
-    ops: int = 0
-    errors: list[str] = field(default_factory=list)
-    #: Every try of every write, with its outcome (tests.plugins.fence_events).
-    attempts: Attempts = field(default_factory=Attempts)
-
-    def run(self) -> None:
-        generator = SnowflakeGenerator(self.worker_id, layout=LAYOUT)
-        rng = random.Random(self.worker_id)
-        router = ControlledShardRouter(self.setup.control, layout=LAYOUT, refresh_s=0.1)
-        conns = {name: psycopg.connect(self.setup.url(name).replace("+psycopg", ""),
-                                       autocommit=True) for name in ("a", "b")}
-        try:
-            while not self.stop.is_set() and self.ops < 20_000:
-                self._one(router, conns, generator, rng)
-                time.sleep(0.002)
-        except Exception as error:  # reported by the test
-            self.errors.append(repr(error))
-        finally:
-            router.close()
-            for conn in conns.values():
-                conn.close()
-
-    def _one(self, router: ControlledShardRouter, conns: dict[str, psycopg.Connection[Any]],
-             generator: SnowflakeGenerator, rng: random.Random) -> None:
-        roll = rng.random()
-        if self.acked and roll < 0.2:
-            oid, kind = rng.choice(list(self.acked)), "update"
-            status = f"paid{rng.randrange(999)}"
-            query, params = "UPDATE orders SET status = %s WHERE id = %s", (status, oid)
-        elif self.acked and roll < 0.3:
-            oid, kind, status = rng.choice(list(self.acked)), "delete", ""
-            query, params = "DELETE FROM orders WHERE id = %s", (oid,)
-        else:
-            shard = 5 if roll < 0.6 else rng.randrange(MASK + 1)
-            oid, kind, status = generator.next_id_in_shard(shard), "insert", "new"
-            query = "INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, %s, %s)"
-            params = (oid, 1, 1)  # type: ignore[assignment]
-        deadline = time.monotonic() + 30
-        while True:
-            target = router.target_of_shard(oid & MASK)
-            try:
-                result = self.attempts.run(
-                    oid, target, lambda: conns[target].execute(query, params))  # noqa: B023
-                break
-            except psycopg.Error as error:
-                if error.sqlstate != FENCE_SQLSTATE or time.monotonic() > deadline:
-                    raise
-                self.refused += 1
-                time.sleep(0.05)
-                router.refresh()
-        self.ops += 1
-        if kind == "delete":
-            assert result.rowcount == 1, oid
-            del self.acked[oid]
-            self.deleted.add(oid)
-        else:
-            assert result.rowcount == 1, oid
-            self.acked[oid] = status
-
-
+@EVERY_BACKEND
 def test_full_move_under_writers_keeps_every_acknowledged_order_once(setup: Setup) -> None:
-    shard = 5
-    stop = threading.Event()
-    writers = [RoutedWriter(w, setup, stop) for w in (1, 2)]
-    threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
+    preloaded = setup.all_rows("a")
+    writers = start_writers(setup)
     clock = FenceClock()
     events = clock.events
-    for thread in threads:
-        thread.start()
     try:
-        wait_until(lambda: all(w.ops >= 20 for w in writers), timeout_s=30,
-                   what="writers running")
-        move_id = setup.mover(progress_every_s=0.2).move(shard, "b", progress=clock)
-        ops_after_move = sum(w.ops for w in writers)
-        wait_until(lambda: sum(w.ops for w in writers) >= ops_after_move + 40, timeout_s=30,
-                   what="writes after the move")
+        move_id = setup.mover(progress_every_s=0.2).move(SHARD, "b", progress=clock)
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join(30)
-    assert [w.errors for w in writers] == [[], []]
-    # What the fence did, exactly (whether a writer met it before the flip is chance): it
-    # refused only this shard's writes on a, and none on a was answered once it was up.
+        writers.stop(after=40)
     assert clock.fence_up is not None, events
-    refused = assert_fence_judged([a for w in writers for a in w.attempts.recorded],
-                                  shard=shard, mask=MASK, source="a", target="b",
-                                  move_id=move_id, fence_up=clock.fence_up)
-    assert refused == sum(w.refused for w in writers)
-    oid = SnowflakeGenerator(9, layout=LAYOUT).next_id_in_shard(shard)
-    with setup.pair.connect("source") as a, pytest.raises(psycopg.Error) as fenced:
-        a.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 4, 4)", (oid,))
-    moved = shard_moved_error(fenced.value)
-    assert moved is not None and (moved.shard, moved.target, moved.move_id) == (
-        shard, "b", move_id), fenced.value
+    assert_fence_did(setup, writers, move_id, clock.fence_up)
+    assert setup.kind.write_kinds <= writers.kinds()
     # Every acknowledged order exactly once, where the final map says, as acknowledged.
+    assert_exactly_once(setup, writers, preloaded)
     final = read_shard_map(setup.control).mapping
-    assert final[shard] == "b" and all(final[s] == "a" for s in range(16) if s != shard)
-    on = {name: setup.pair.rows("source" if name == "a" else "target", "orders", s)
-          for name in ("a",) for s in [shard]}
-    assert on["a"] == {}
-    with setup.pair.connect("source") as a, setup.pair.connect("target") as b:
-        where = {"a": a, "b": b}
-        for w in writers:
-            for oid, status in w.acked.items():
-                found = {name: conn.execute("SELECT status FROM orders WHERE id = %s",
-                                            (oid,)).fetchall() for name, conn in where.items()}
-                assert found[final[oid & MASK]] == [(status,)], oid
-                other = "a" if final[oid & MASK] == "b" else "b"
-                assert found[other] == [], oid
-            for oid in w.deleted:
-                assert all(conn.execute("SELECT 1 FROM orders WHERE id = %s",
-                                        (oid,)).fetchall() == [] for conn in where.values())
-        assert b.execute(f"SELECT count(*) FROM orders WHERE (id & {MASK}) <> {shard}"
-                         ).fetchone() == (0,)
+    assert final[SHARD] == "b" and all(final[s] == "a" for s in range(MASK + 1) if s != SHARD)
     status = setup.mover().status(move_id)
     steps = [(row.step, row.status) for row in status.journal]
-    expected = [("plan", "done")] + [(name, s) for name, _ in FORWARD_STEPS
-                                    for s in ("started", "done")]
-    assert steps == expected
-    assert status.move.state == "done" and status.move.flipped_version is not None
-    assert any("catch_up" in e for e in events) and any("done: shard 5 on b" in e for e in events)
-    setup.pair.assert_nothing_left()
+    assert steps == [("plan", "done")] + [(name, s) for name, _ in FORWARD_STEPS
+                                         for s in ("started", "done")]
+    assert json.loads(status.journal[0].detail or "{}")["backend"] == setup.backend
+    assert status.move.backend == setup.backend and status.move.flipped_version is not None
+    assert any("catch_up" in e for e in events) and any(f"done: shard {SHARD} on b" in e
+                                                        for e in events)
+    assert_fence_left(setup, move_id)
 
 
 # -- killed after each journaled step, then resumed --------------------------------------------
-
-_KILLER = textwrap.dedent("""
-    import os, signal, sys
-    from snowflake_db.sharding.moves import _journal, ShardMover
-    from tests.plugins.shard_moves import LAYOUT, TABLES
-
-    kill_after, status = sys.argv[1], sys.argv[2]
-    original = {"done": _journal.Journal.done, "started": _journal.Journal.started}
-
-    def wrap(kind):
-        def journaled(self, step, *args, **kwargs):
-            original[kind](self, step, *args, **kwargs)
-            if step == kill_after and kind == status:
-                os.kill(os.getpid(), signal.SIGKILL)
-        return journaled
-
-    _journal.Journal.done = wrap("done")
-    _journal.Journal.started = wrap("started")
-    targets = dict(arg.split("=", 1) for arg in sys.argv[5:])
-    mover = ShardMover(sys.argv[3], targets, layout=LAYOUT, tables=TABLES, lease_s=30,
-                       assume_no_static_workers=True)
-    mover.move(int(sys.argv[4]), "b")
-    sys.exit(3)  # never reached: the mover was killed
-""")
-
-
-def _kill_mover_after(setup: Setup, shard: int, step: str, status: str = "done") -> int:
-    """Run ``move(shard, 'b')`` in a subprocess SIGKILLed right after the journal line
-    ``step``/``status``; return the move's id."""
-    args = [sys.executable, "-c", _KILLER, step, status, setup.control_url, str(shard),
-            *(f"{name}={url}" for name, url in setup.targets.items())]
-    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          check=False)
-    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
-    record = setup.mover().moves(limit=1)[0]
-    assert record.shard == shard and record.state not in ("done", "aborted")
-    return record.id
-
 
 # One shard per kill point (16). Killed while the barrier waits is the same move as killed
 # after the flip is done (the barrier only reads), so it is not a point of its own.
 KILL_POINTS = [(name, "done") for name, _ in FORWARD_STEPS[:-1]] + [
     ("fence", "started"), ("flip", "started"), ("cleanup", "started")]
-
-
-# Two halves, each in a pytest-xdist group of its own (and so on clusters of its own): the
-# kills take most of the module's time, which would otherwise run in one process.
+# Two halves, each in a pytest-xdist group of its own: the kills take most of the module's
+# time, which would otherwise run in one process.
 KILL_HALVES = {"first": KILL_POINTS[: len(KILL_POINTS) // 2],
                "second": KILL_POINTS[len(KILL_POINTS) // 2:]}
 
 
-@pytest.mark.parametrize("half", [
-    pytest.param(name, marks=pytest.mark.xdist_group(f"shard_mover_kills_{name}"))
-    for name in KILL_HALVES
+@pytest.mark.parametrize(("move_backend", "half"), [
+    pytest.param(backend, half, id=f"{backend}-{half}",
+                 marks=pytest.mark.xdist_group(f"shard_mover_kills_{backend}_{half}"))
+    for backend in ("postgresql", "mariadb") for half in KILL_HALVES
 ])
 def test_mover_killed_after_each_journaled_step_then_resumed(
     setup: Setup, capsys: pytest.CaptureFixture[str], half: str
@@ -278,18 +121,112 @@ def test_mover_killed_after_each_journaled_step_then_resumed(
     assert len(KILL_POINTS) <= MASK + 1
     assert sum(map(len, KILL_HALVES.values())) == len(KILL_POINTS)
     offset = 0 if half == "first" else len(KILL_HALVES["first"])
-    for shard, (step, status) in enumerate(KILL_HALVES[half], start=offset):
-        before = setup.rows("a", shard)
-        move_id = _kill_mover_after(setup, shard, step, status)
-        flipped = setup.mover().status(move_id).move.flipped
-        assert setup.map_of(shard)[0] == ("b" if flipped else "a"), step
-        # Its lease (30 s) has not lapsed: a plain resume is refused, --force takes over.
-        assert main(setup.cli_move("--resume", str(move_id))) == 2
-        assert "held by a running mover" in capsys.readouterr().err
-        assert main(setup.cli_move("--resume", str(move_id), "--force")) == 0, step
-        out = capsys.readouterr().out
-        assert f"move {move_id}: shard {shard} a -> b, done" in out, out
-        assert_moved(setup, shard, before, move_id)
+    preloaded = setup.all_rows("a")
+    writers = start_writers(setup)
+    moves: list[int] = []
+    fenced_checked = False
+    try:
+        for shard, (step, status) in enumerate(KILL_HALVES[half], start=offset):
+            move_id = kill_mover_after(setup, shard, step, status)
+            moves.append(move_id)
+            flipped = setup.mover().status(move_id).move.flipped
+            assert setup.map_of(shard)[0] == ("b" if flipped else "a"), step
+            if (step, status) == ("fence", "done"):
+                assert_fenced_on_a(setup, shard, move_id)
+                fenced_checked = True
+            # Its lease (30 s) has not lapsed: a plain resume is refused, --force takes over.
+            assert main(setup.cli_move("--resume", str(move_id))) == 2
+            assert "held by a running mover" in capsys.readouterr().err
+            assert main(setup.cli_move("--resume", str(move_id), "--force")) == 0, step
+            out = capsys.readouterr().out
+            assert f"move {move_id}: shard {shard} a -> b, done" in out, (step, out)
+            assert setup.map_of(shard) == ("b", "serving")
+    finally:
+        writers.stop()
+    # Whether a writer happened to meet a fence between a kill and its resume is chance; the
+    # fence left by the mover killed after it is checked above, once, exactly.
+    assert ("fence", "done") not in KILL_HALVES[half] or fenced_checked
+    assert_exactly_once(setup, writers, preloaded)
+    for move_id in moves:
+        assert_fence_left(setup, move_id)
+
+
+# -- abort, a second mover -----------------------------------------------------------------------
+
+
+@EVERY_BACKEND
+def test_abort_before_the_flip_leaves_nothing_and_the_shard_moves_again(
+    setup: Setup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Killed once the copy started, and once verified (fenced, the map in cutover): the
+    command's abort drops the fence and the capture, deletes the copied rows on b and serves
+    the shard from a again; the shard then takes writes on a and moves all the way; after the
+    flip an abort is refused, and says why."""
+    preloaded = setup.all_rows("a")
+    writers = start_writers(setup)
+    try:
+        for shard, step, state in ((7, "copy", "moving"), (SHARD, "verify", "cutover")):
+            move_id = kill_mover_after(setup, shard, step)
+            assert setup.map_of(shard) == ("a", state)
+            assert setup.rows("b", shard)["orders"] or step == "copy"
+            assert main(setup.cli_move("--abort", str(move_id), "--force")) == 0
+            assert f"move {move_id}: shard {shard} a -> b, aborted" in capsys.readouterr().out
+            assert setup.map_of(shard) == ("a", "serving")
+            assert setup.rows("b", shard) == {"orders": {}, "order_items": {}}
+            mover = setup.mover()
+            assert mover.leftovers(move_id).empty
+            setup.pair.assert_no_capture_left()
+            record = mover.status(move_id).move
+            assert record.state == "aborted" and record.mover_token is None
+        # The fence is gone: the shard takes writes on a again.
+        done = writers.ops
+        wait_until(lambda: writers.ops >= done + 30, timeout_s=60, what="writes after the abort")
+        # The shard is free again: a new move takes it all the way; an abort is then refused.
+        again = setup.mover().move(SHARD, "b")
+        assert again != move_id
+        with pytest.raises(ShardMoveError, match=r"has flipped .* cannot be aborted"):
+            setup.mover().abort(again)
+    finally:
+        writers.stop()
+    assert_exactly_once(setup, writers, preloaded)
+    assert_fence_left(setup, again)
+
+
+@EVERY_BACKEND
+def test_a_second_mover_is_refused_until_the_first_lease_lapses(
+    setup: Setup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    preloaded = setup.all_rows("a")
+    writers = start_writers(setup)
+    try:
+        move_id = kill_mover_after(setup, SHARD, "copy")
+        mover = setup.mover()
+        before = setup.control_counts()
+        with pytest.raises(ShardMoveError, match=f"shard {SHARD} is already moving: move "
+                                                 f"{move_id}"):
+            mover.move(SHARD, "b")
+        assert main(setup.cli_move("--shard", str(SHARD), "--to", "b")) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"already moving: move {move_id}" in err, err
+        with pytest.raises(ShardMoveError, match="held by a running mover"):
+            mover.resume(move_id)
+        with pytest.raises(ShardMoveError, match="held by a running mover"):
+            mover.abort(move_id)
+        assert setup.control_counts() == before
+        # The lease lapses by the database clock (shortened here instead of waiting 30 s).
+        tables = shard_map_tables(MetaData())
+        with setup.control.begin() as connection:
+            connection.execute(tables.moves.update().where(tables.moves.c.id == move_id)
+                               .values(mover_expires_at_ms=tables.moves.c.mover_expires_at_ms
+                                       - 31_000))
+        assert mover.resume(move_id).state == "done"
+    finally:
+        writers.stop()
+    assert_exactly_once(setup, writers, preloaded)
+    assert_fence_left(setup, move_id)
+
+
+# -- PostgreSQL's own: a journal of the PostgreSQL-only releases, moving back, the barrier -------
 
 
 def test_a_journal_written_before_other_backends_resumes_from_its_fence_lsn(
@@ -302,7 +239,7 @@ def test_a_journal_written_before_other_backends_resumes_from_its_fence_lsn(
     shard = 12
     before = setup.rows("a", shard)
     # Killed once the drain began: the fence's line (and the capture record) committed.
-    move_id = _kill_mover_after(setup, shard, "drain", "started")
+    move_id = kill_mover_after(setup, shard, "drain", "started")
     tables = shard_map_tables(MetaData())
     mover = setup.mover()
     written = mover.status(move_id).move.capture
@@ -330,58 +267,6 @@ def test_a_journal_written_before_other_backends_resumes_from_its_fence_lsn(
     assert_moved(setup, shard, before, move_id)
 
 
-# -- abort, a second mover, moving back -----------------------------------------------------------
-
-
-def test_abort_before_the_flip_serves_the_shard_from_the_source_again(
-    setup: Setup, capsys: pytest.CaptureFixture[str]
-) -> None:
-    shard = 7
-    before = setup.rows("a", shard)
-    move_id = _kill_mover_after(setup, shard, "verify")
-    assert setup.map_of(shard) == ("a", "cutover")
-    assert main(setup.cli_move("--abort", str(move_id), "--force")) == 0
-    assert f"move {move_id}: shard {shard} a -> b, aborted" in capsys.readouterr().out
-    assert setup.map_of(shard) == ("a", "serving")
-    assert setup.rows("a", shard) == before
-    assert setup.rows("b", shard) == {"orders": {}, "order_items": {}}
-    mover = setup.mover()
-    assert mover.leftovers(move_id).empty
-    setup.pair.assert_nothing_left()
-    record = mover.status(move_id).move
-    assert record.state == "aborted" and record.mover_token is None
-    with setup.pair.connect("source") as a:  # the fence is gone: the shard takes writes
-        a.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 1, 1)",
-                  ((99 << 4) | shard,))
-    # The shard is free again: a new move takes it all the way.
-    before = setup.rows("a", shard)
-    again = mover.move(shard, "b")
-    assert again != move_id
-    assert_moved(setup, shard, before, again)
-    # After the flip an abort is refused, and says why.
-    with pytest.raises(ShardMoveError, match=r"has flipped .* cannot be aborted"):
-        mover.abort(again)
-
-
-def test_a_second_mover_is_refused_until_the_first_lease_lapses(setup: Setup) -> None:
-    shard = 2
-    move_id = _kill_mover_after(setup, shard, "copy")
-    mover = setup.mover()
-    with pytest.raises(ShardMoveError, match=f"shard {shard} is already moving: move {move_id}"):
-        mover.move(shard, "b")
-    with pytest.raises(ShardMoveError, match="held by a running mover"):
-        mover.resume(move_id)
-    with pytest.raises(ShardMoveError, match="held by a running mover"):
-        mover.abort(move_id)
-    # The lease lapses by the database clock (shortened here instead of waiting 30 s).
-    tables = shard_map_tables(MetaData())
-    with setup.control.begin() as connection:
-        connection.execute(tables.moves.update().where(tables.moves.c.id == move_id)
-                           .values(mover_expires_at_ms=tables.moves.c.mover_expires_at_ms
-                                   - 31_000))
-    before = setup.rows("a", shard)
-    assert mover.resume(move_id).state == "done"
-    assert_moved(setup, shard, before, move_id)
 
 
 def test_moving_back_drops_the_old_fence_before_the_flip(setup: Setup) -> None:
@@ -496,7 +381,7 @@ def test_bad_input_exits_2_with_one_line_and_changes_nothing(
 
 
 def test_a_moving_shard_and_a_layout_without_shard_bits_are_refused(setup: Setup) -> None:
-    move_id = _kill_mover_after(setup, 6, "capture")
+    move_id = kill_mover_after(setup, 6, "capture")
     before = setup.control_counts()
     with pytest.raises(ShardMoveError, match=f"already moving: move {move_id}"):
         setup.mover().plan(6, "b")
@@ -605,45 +490,18 @@ def test_move_stopped_by_a_failing_step_exits_1_and_can_be_aborted(
 
 # -- manage.py snowflake shards ------------------------------------------------------------------
 
-_DJANGO = textwrap.dedent("""
-    import sys
-    import django
-    from django.conf import settings
-
-    control, a, b = sys.argv[1:4]
-
-    def database(url):
-        rest = url.split("://", 1)[1]
-        user, _, rest = rest.partition("@")
-        hostport, _, name = rest.partition("/")
-        host, _, port = hostport.partition(":")
-        return {"ENGINE": "django.db.backends.postgresql", "NAME": name, "USER": user,
-                "HOST": host, "PORT": port}
-
-    settings.configure(
-        INSTALLED_APPS=["snowflake_db.django"],
-        DATABASES={"default": database(control), "shard_a": database(a),
-                   "shard_b": database(b)},
-        SNOWFLAKE_DB={"WORKER_SOURCE": "manual", "LAYOUT": {"sequence_bits": 8,
-                                                            "shard_bits": 4}},
-        SNOWFLAKE_SHARD_ROUTER={"TARGETS": ["shard_a", "shard_b"]},
-    )
-    django.setup()
-    from django.core.management import execute_from_command_line
-
-    execute_from_command_line(["manage.py", "snowflake", "shards", *sys.argv[4:]])
-""")
 
 
-def test_manage_py_shards_init_plan_and_move_on_database_aliases(clusters: Clusters) -> None:
+def test_manage_py_shards_init_plan_and_move_on_database_aliases(servers: Clusters) -> None:
     """DATABASES aliases as targets, the control alias of SNOWFLAKE_DB: init, a dry run, a
     move, show; a mistake exits 2 with one line."""
-    with make_pair(clusters, prefix="djmover") as pair:
+    with make_pair(servers, prefix="djmover") as pair:
         name = f"{pair.db}_ctl"
-        clusters.source.create_database(name)
-        urls = [clusters.source.url(name), clusters.source.url(pair.db),
-                clusters.target.url(pair.db)]
-        engine = create_engine(urls[0])
+        servers.source.create_database(name)
+        databases = {"default": servers.source.url(name),
+                     "shard_a": servers.source.url(pair.db),
+                     "shard_b": servers.target.url(pair.db)}
+        engine = create_engine(databases["default"])
         try:
             create_shard_map_tables(engine)
             worker_tables(MetaData()).slots.metadata.create_all(engine)
@@ -651,8 +509,7 @@ def test_manage_py_shards_init_plan_and_move_on_database_aliases(clusters: Clust
             engine.dispose()
 
         def manage(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-c", _DJANGO, *urls, *args], cwd=ROOT,
-                                  capture_output=True, text=True, timeout=120, check=False)
+            return manage_shards(databases, *args)
 
         done = manage("init", "--assign", "shard_a")
         assert done.returncode == 0, done.stderr

@@ -1,11 +1,12 @@
-"""The MariaDB steps of an online shard move, on two throwaway servers.
+"""The MariaDB steps of an online shard move, on two throwaway servers (the steps every backend
+shares are in test_shard_move_steps.py).
 
-One pair of servers for the module (``example_project.local_servers``, stopped by PID at the
-end): the source with a row-based binary log, the target without. Each test makes its own
-database on each server with two sharded tables of a few thousand rows (4 shard bits: shard =
-id & 15). Writers are real threads on real connections; each acknowledged write's final state
-is known exactly. Without the MariaDB binaries the tests skip with the reason; under
-``CI=true`` they fail.
+One pair of servers for the pytest process (``tests.plugins.shard_moves``: the fixtures
+``servers`` and ``pair``; ``example_project.local_servers``, stopped by PID at the end): the
+source with a row-based binary log, the target without. Each test makes its own database on each
+server with two sharded tables of a few thousand rows (4 shard bits: shard = id & 15). Writers
+are real threads on real connections; each acknowledged write's final state is known exactly.
+Without the MariaDB binaries the tests skip with the reason; under ``CI=true`` they fail.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
@@ -46,34 +47,29 @@ from snowflake_db.sharding.moves import (
 )
 from snowflake_db.sharding.moves._mariadb import FENCE_ERRNO
 
-from ..plugins.shard_moves_mariadb import (
+from ..plugins.shard_moves import (
     MASK,
     STEP_TIMEOUT_S,
-    STEPS,
+    InThread,
+    SourceWriter,
+    StepClock,
+    assert_aborted_after_the_fence,
+    assert_undone,
+    refused_check,
+    start_source_writers,
+    wait_refused_and_passing,
+)
+from ..plugins.shard_moves_mariadb import (
+    FENCE_OBJECTS,
+    KIND,
     Pair,
-    Servers,
-    Writer,
     is_fence_refusal,
-    make_pair,
     run_steps,
-    start_servers,
-    start_writers,
 )
 
-# Two servers for the module, in one xdist process.
+# The servers of this process, in one xdist process.
 pytestmark = pytest.mark.xdist_group("shard_moves_mariadb")
-
-
-@pytest.fixture(scope="module")
-def servers() -> Iterator[Servers]:
-    with start_servers() as started:
-        yield started
-
-
-@pytest.fixture
-def pair(servers: Servers) -> Iterator[Pair]:
-    with make_pair(servers) as made:
-        yield made
+BACKEND = "mariadb"
 
 
 def _progress(pair: Pair, move_id: int) -> dict[str, tuple[Any, int, int]]:
@@ -87,7 +83,7 @@ def _changelog(pair: Pair, move_id: int) -> list[tuple[str, int, int]]:
                   "ORDER BY seq")]
 
 
-def _assert_expected(pair: Pair, writers: list[Writer], shard: int, which: str) -> None:
+def _assert_expected(pair: Pair, writers: list[SourceWriter], shard: int, which: str) -> None:
     """Every acknowledged write of ``writers`` to ``shard`` is on ``which`` as acknowledged,
     every acknowledged delete gone."""
     rows = pair.rows(which, "orders", shard)
@@ -106,28 +102,22 @@ def test_move_under_writers_carries_every_acknowledged_write_exactly_once(pair: 
     loaded_others = {table: {oid: row for s in range(MASK + 1) if s != shard
                              for oid, row in pair.rows("source", table, s).items()}
                      for table in ("orders", "order_items")}
-    steps: dict[str, tuple[float, float]] = {}
-    last = [time.monotonic()]
 
-    def record(name: str, _result: object) -> None:
-        steps[name] = (last[0], time.monotonic())
+    def then(name: str) -> None:
         if name == "pre_verify":  # some of the shard's rows change between the two passes
             wait_until(lambda: sum(op.ok and op.shard == shard and op.start > steps[name][1]
                                    for w in writers for op in w.ops) >= 3,
                        timeout_s=30, what="writes of the shard after the first pass")
-        last[0] = time.monotonic()
 
-    writers, stop = start_writers(pair)
+    record = StepClock(then)
+    steps = record.steps
+    writers, stop = start_source_writers(KIND, pair)
     try:
         wait_until(lambda: all(len(w.ops) >= 20 for w in writers), timeout_s=30,
                    what="writers running")
-        last[0] = time.monotonic()
+        record.start()
         results = run_steps(backend, on_step=record)
-        fence_done = steps["fence"][1]
-        wait_until(lambda: sum(not op.ok for w in writers for op in w.ops) >= 3
-                   and sum(op.ok and op.shard != shard and op.start > fence_done
-                           for w in writers for op in w.ops) >= 10,
-                   timeout_s=30, what="refused and passing writes after the fence")
+        wait_refused_and_passing(writers, shard, since=steps["fence"][1])
     finally:
         stop()
     assert [w.errors for w in writers] == [[], [], []]
@@ -285,7 +275,6 @@ def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_sha
     run_steps(backend, stop_after="pre_verify")
     straggler_id = (7777 << 4) | shard
     blocked_while_open = (7778 << 4) | 1  # another shard's open transaction blocks nothing
-    outcome: dict[str, Any] = {}
     straggler, other = (pair.connect("source", autocommit=False) for _ in range(2))
     try:
         with straggler.cursor() as cursor:
@@ -295,14 +284,7 @@ def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_sha
             cursor.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 1, 1)",
                            (blocked_while_open,))
 
-        def fence() -> None:
-            try:
-                outcome["fence"] = backend.fence()
-            except BaseException as error:  # reported below
-                outcome["error"] = error
-
-        thread = threading.Thread(target=fence)
-        thread.start()
+        fencing = InThread(backend.fence)
         waits: list[tuple[int, int]] = []
 
         def fence_waiting() -> bool:
@@ -311,21 +293,22 @@ def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_sha
 
         def state() -> object:
             faulthandler.dump_traceback(all_threads=True)  # where the fence's thread is
-            return outcome, pair.query("source", "SELECT ID, COMMAND, TIME, STATE, INFO FROM "
-                                                 "information_schema.PROCESSLIST")
+            return fencing.error, pair.query(
+                "source",
+                "SELECT ID, COMMAND, TIME, STATE, INFO FROM information_schema.PROCESSLIST")
 
         # Polled every 0.2 s: InnoDB refreshes its lock views only after 0.1 s without a read.
         wait_until(fence_waiting, timeout_s=30, what="the fence waiting for the straggler",
                    describe=state, poll_s=0.2)
         assert {blocker for _, blocker in waits} == {straggler.thread_id()}
         straggler.commit()
-        thread.join(STEP_TIMEOUT_S)
+        fencing.join(STEP_TIMEOUT_S)
     finally:
         straggler.close()
         other.rollback()
         other.close()
-    assert "error" not in outcome, outcome.get("error")
-    fenced = outcome["fence"]
+    assert fencing.error is None, fencing.error
+    fenced = fencing.result
     assert fenced.attempts >= 1 and fenced.position.startswith("changelog:")
     # The straggler's change was captured before the fence's position.
     seq = pair.query("source", f"SELECT MAX(seq) FROM sfdb_changes_{backend.move_id} "
@@ -379,16 +362,10 @@ def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_sha
                  "DELETE FROM orders WHERE id = 102")
     assert straggler_id in pair.rows("source", "orders", shard)
 
-    # The source's rows stay while the capture exists; then the abort leaves nothing.
-    with pytest.raises(ShardMoveError, match="run cleanup first"):
-        backend.delete_source_rows()
-    assert len(backend.unfence()) == 2 * 3 + 1
-    pair.execute("source", f"UPDATE orders SET status = 'after abort' WHERE id = {straggler_id}")
-    assert backend.cleanup().source_pending is False
-    assert backend.delete_target_rows() == len(pair.rows("source", "orders", shard)) + len(
-        pair.rows("source", "order_items", shard))
-    assert backend.leftovers() == Leftovers()
-    pair.assert_nothing_left()
+    # The source's rows stay while the capture exists; then the abort leaves nothing (the
+    # shard takes writes again once the fence is down).
+    assert_aborted_after_the_fence(pair, backend, shard, FENCE_OBJECTS, lambda: pair.execute(
+        "source", f"UPDATE orders SET status = 'after abort' WHERE id = {straggler_id}"))
     for engine in engines:
         engine.dispose()
 
@@ -551,7 +528,7 @@ def test_copier_killed_mid_copy_then_resumed_ends_exact(pair: Pair) -> None:
     table shows the copy half done); a new backend of the same move finishes it under the
     same writers: every acknowledged row on the target as acknowledged, checksums equal."""
     shard, move_id = 5, 41
-    writers, stop = start_writers(pair)
+    writers, stop = start_source_writers(KIND, pair)
     try:
         copier = subprocess.Popen(
             [sys.executable, "-c", COPIER, pair.url("source"), pair.url("target"), str(move_id)],
@@ -634,21 +611,6 @@ def test_server_restarted_mid_copy_then_resumed_ends_exact(pair: Pair, which: st
     pair.assert_nothing_left()
 
 
-#: What a backend that ran up to each step leaves: capture (triggers + changelog), the copy's
-#: progress table, the fence up.
-LEFT_AFTER: dict[str, tuple[bool, bool, bool]] = {
-    "check": (False, False, False),
-    "capture": (True, False, False),
-    "copy": (True, True, False),
-    "synced": (True, True, False),
-    "caught_up": (True, True, False),
-    "pre_verify": (True, True, False),
-    "fence": (True, True, True),
-    "drained": (True, True, True),
-    "verify": (True, True, True),
-}
-
-
 def test_copy_resumes_when_the_progress_table_lost_a_row(pair: Pair) -> None:
     """A copy step that died between creating the progress table and filling it: the chunks
     are still recorded (an upsert), so none is copied twice."""
@@ -663,29 +625,6 @@ def test_copy_resumes_when_the_progress_table_lost_a_row(pair: Pair) -> None:
     backend.unfence()
     backend.delete_target_rows()
     pair.assert_nothing_left()
-
-
-def test_mover_gone_after_each_step_leaves_nothing_after_cleanup(pair: Pair) -> None:
-    assert list(LEFT_AFTER) == list(STEPS[:-1])
-    for shard, (step, (captured, copying, fenced)) in enumerate(LEFT_AFTER.items()):
-        first = pair.backend(shard=shard, move_id=shard + 1)
-        run_steps(first, stop_after=step)
-        del first  # the mover died; a new one knows only the move's ID
-        fresh = pair.backend(shard=shard, move_id=shard + 1)
-        left = fresh.leftovers()
-        assert (f"source:sfdb_changes_{shard + 1}" in left.verify_objects) == captured, step
-        assert (f"target:sfdb_copy_{shard + 1}" in left.verify_objects) == copying, step
-        assert len(left.fence_triggers) == (7 if captured else 0), step
-        fence_row = pair.query("source", f"SELECT fenced FROM sfdb_fence_{shard + 1}"
-                               ) if captured else [(0,)]
-        assert fence_row == [(int(fenced),)], step
-        fresh.unfence()
-        report = fresh.cleanup()
-        assert report.source_pending is False
-        fresh.delete_target_rows()
-        assert fresh.leftovers() == Leftovers(), step
-        pair.assert_nothing_left()
-        assert pair.rows("target", "orders", shard) == {}
 
 
 GONE_CAPTURE = textwrap.dedent("""
@@ -923,40 +862,11 @@ def test_verify_detects_a_tampered_row_on_the_target(pair: Pair) -> None:
             backend.verify()
         assert full.value.verification.scope == "full"
         assert full.value.verification.source["orders"].rows == 188
-        backend.unfence()
-        backend.cleanup()
-        backend.delete_target_rows()
-        assert backend.leftovers() == Leftovers()
+        assert_undone(backend)
     finally:
         source.close()
         target.close()
     pair.assert_nothing_left()
-
-
-def test_first_pass_catches_a_mismatch_before_the_fence(pair: Pair) -> None:
-    shard = 6
-    backend = pair.backend(shard=shard)
-    run_steps(backend, stop_after="caught_up")
-    pair.execute("target", f"DELETE FROM order_items WHERE (id & {MASK}) = {shard} "
-                           "ORDER BY id DESC LIMIT 1")
-    with pytest.raises(VerificationMismatchError, match=r"verify_before_fence: .*order_items"
-                       ) as mismatch:
-        backend.verify_before_fence(timeout_s=STEP_TIMEOUT_S)
-    found = mismatch.value.verification
-    assert found.scope == "before_fence"
-    assert found.source["order_items"].rows == found.target["order_items"].rows + 1
-    assert pair.query("source", f"SELECT fenced FROM sfdb_fence_{backend.move_id}") == [(0,)]
-    assert pair.query("source", f"SELECT COUNT(*) FROM sfdb_changes_{backend.move_id} "
-                                "WHERE seq = 1") == [(0,)]  # no mark
-    fenced = backend.fence()
-    wait_until(lambda: backend.drained(fenced.position), timeout_s=STEP_TIMEOUT_S, what="drain")
-    with pytest.raises(VerificationMismatchError) as again:
-        backend.verify()
-    assert again.value.verification.scope == "full"
-    backend.unfence()
-    backend.cleanup()
-    backend.delete_target_rows()
-    assert backend.leftovers() == Leftovers()
 
 
 # -- a shard moving back -----------------------------------------------------------------------
@@ -1069,14 +979,7 @@ def test_bad_input_gets_one_clear_error_and_changes_nothing(pair: Pair, case: st
         options["source"] = pair.url("source", user=f"mover_{pair.db}", password="pw")
     before = {which: (pair.move_objects(which), pair.count(which, "SELECT COUNT(*) FROM orders"))
               for which in ("source", "target")}
-    undo = setup(pair)
-    try:
-        backend = pair.backend(**options)
-        with pytest.raises(ShardMoveError) as refused:
-            backend.check()
-    finally:
-        undo()
-    message = str(refused.value)
+    _, message = refused_check(pair, setup, options)
     for fragment in fragments:
         assert fragment in message, message
     assert {which: (pair.move_objects(which), pair.count(which, "SELECT COUNT(*) FROM orders"))
@@ -1101,13 +1004,6 @@ def test_binlog_check_passes_once_creators_are_trusted(pair: Pair) -> None:
         pair.execute("source", "SET GLOBAL log_bin_trust_function_creators = 0")
         undo()
     backend.delete_target_rows()
-    pair.assert_nothing_left()
-
-
-def test_check_passes_and_creates_nothing(pair: Pair) -> None:
-    backend = pair.backend()
-    backend.check()
-    assert backend.leftovers() == Leftovers()
     pair.assert_nothing_left()
 
 

@@ -1,21 +1,21 @@
-"""The PostgreSQL steps of an online shard move, on two throwaway clusters.
+"""The PostgreSQL steps of an online shard move, on two throwaway clusters (the steps every backend
+shares are in test_shard_move_steps.py).
 
-One pair of clusters for the module (``example_project.local_servers``, stopped by PID at the
-end): the source with ``wal_level = logical``, the target with the default ``replica`` (a
-subscriber needs no logical WAL, and a move in the other direction shows the wal_level check).
-Both run ``wal_retrieve_retry_interval = 200ms``, as the mover recommends, so subscriptions
-start at once. Each test makes its own database on each cluster with two sharded tables of a
-few thousand rows (4 shard bits: shard = id & 15). Without the PostgreSQL binaries the tests
-skip with the reason; under ``CI=true`` they fail.
+One pair of clusters for the pytest process (``tests.plugins.shard_moves``: the fixtures
+``servers`` and ``pair``; ``example_project.local_servers``, stopped by PID at the end): the
+source with ``wal_level = logical``, the target with the default ``replica`` (a subscriber needs
+no logical WAL, and a move in the other direction shows the wal_level check). Both run
+``wal_retrieve_retry_interval = 200ms``, as the mover recommends, so subscriptions start at
+once. Each test makes its own database on each cluster with two sharded tables of a few thousand
+rows (4 shard bits: shard = id & 15). Without the PostgreSQL binaries the tests skip with the
+reason; under ``CI=true`` they fail.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -27,7 +27,6 @@ from snowflake_db import Layout
 from snowflake_db.errors import InvalidArgumentError, InvalidArgumentTypeError, ShardMoveError
 from snowflake_db.sharding.moves import (
     FENCE_SQLSTATE,
-    MOVE_STEPS,
     FenceBlockedError,
     Leftovers,
     MovedTable,
@@ -42,27 +41,20 @@ from ..plugins.shard_moves import (
     MASK,
     STEP_TIMEOUT_S,
     TABLES,
-    Clusters,
-    Pair,
-    Writer,
-    make_pair,
-    start_clusters,
+    InThread,
+    StepClock,
+    assert_aborted_after_the_fence,
+    assert_undone,
+    refused_check,
+    start_source_writers,
+    wait_refused_and_passing,
 )
+from ..plugins.shard_moves_postgres import FENCE_OBJECTS, KIND, Pair
 
-# Two clusters for the module, in one xdist process.
-pytestmark = pytest.mark.xdist_group("shard_moves_postgres")
-
-
-@pytest.fixture(scope="module")
-def clusters() -> Iterator[Clusters]:
-    with start_clusters() as started:
-        yield started
-
-
-@pytest.fixture
-def pair(clusters: Clusters) -> Iterator[Pair]:
-    with make_pair(clusters) as made:
-        yield made
+# The clusters of this process, in one xdist process: the target with wal_level = replica.
+pytestmark = pytest.mark.xdist_group("shard_moves_postgresql")
+BACKEND = "postgresql"
+BOTH_LOGICAL = False
 
 
 # -- the whole path ----------------------------------------------------------------------------
@@ -71,35 +63,19 @@ def pair(clusters: Clusters) -> Iterator[Pair]:
 def test_full_move_carries_every_acknowledged_write_exactly_once(pair: Pair) -> None:
     shard = 5
     backend = pair.backend(shard=shard)
-    stop = threading.Event()
-    writers = [Writer(w, pair, stop) for w in (1, 2, 3)]
-    threads = [threading.Thread(target=w.run, daemon=True) for w in writers]
-    steps: dict[str, tuple[float, float]] = {}
-    last = [time.monotonic()]
-
-    def record(name: str, _result: object) -> None:
-        steps[name] = (last[0], time.monotonic())
-        last[0] = time.monotonic()
-
-    for thread in threads:
-        thread.start()
+    record = StepClock()
+    steps = record.steps
+    writers, stop = start_source_writers(KIND, pair)
     try:
         wait_until(lambda: all(len(w.ops) >= 20 for w in writers), timeout_s=30,
                    what="writers running")
-        last[0] = time.monotonic()
+        record.start()
         results = run_move_steps(backend, timeout_s=STEP_TIMEOUT_S, on_step=record)
-        fence_done = steps["fence"][1]
         # Writers go on after the cleanup: shard 5 is refused, the others pass.
-        wait_until(lambda: sum(not op.ok for w in writers for op in w.ops) >= 3
-                   and sum(op.ok and op.shard != shard and op.start > fence_done
-                           for w in writers for op in w.ops) >= 10,
-                   timeout_s=30, what="refused and passing writes after the fence")
+        wait_refused_and_passing(writers, shard, since=steps["fence"][1])
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join(30)
+        stop()  # joined, none left alive
     assert [w.errors for w in writers] == [[], [], []]
-    assert not any(thread.is_alive() for thread in threads)
 
     ops = [op for w in writers for op in w.ops]
     refused = [op for op in ops if not op.ok]
@@ -215,26 +191,12 @@ def test_precheck_refuses_with_its_message_and_creates_nothing(pair: Pair, case:
     if options.pop("reverse", False):  # the target (wal_level = replica) as the source
         options = {"source": pair.conninfo("target"), "target": pair.conninfo("source"),
                    "source_conninfo_for_target": pair.conninfo("target")}
-    undo = setup(pair)
-    try:
-        backend = pair.backend(**options)
-        with pytest.raises(ShardMoveError) as refused:
-            backend.check()
-    finally:
-        undo()
-    message = str(refused.value)
+    backend, message = refused_check(pair, setup, options)
     for fragment in fragments:
         assert fragment in message
     assert backend.leftovers() == Leftovers()
     pair.assert_nothing_left()
     assert pair.count("source", "SELECT count(*) FROM pg_proc WHERE proname LIKE 'sfdb%'") == 0
-
-
-def test_check_passes_and_creates_nothing(pair: Pair) -> None:
-    backend = pair.backend()
-    backend.check()
-    assert backend.leftovers() == Leftovers()
-    pair.assert_nothing_left()
 
 
 def test_endpoint_of_another_kind_is_refused() -> None:
@@ -259,26 +221,17 @@ def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_sha
     backend = pair.backend(shard=shard, source=engines[0], target=engines[1])
     run_move_steps(backend, timeout_s=STEP_TIMEOUT_S, stop_after="caught_up")
     straggler_id = (7777 << 4) | shard
-    outcome: dict[str, Any] = {}
     with pair.connect("source", autocommit=False) as straggler, pair.connect("source") as watch:
         straggler.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 1, 1)",
                           (straggler_id,))
         straggler_xid = straggler.execute("SELECT txid_current()").fetchone()
-
-        def fence() -> None:
-            try:
-                outcome["fence"] = backend.fence()
-            except BaseException as error:  # reported below
-                outcome["error"] = error
-
-        thread = threading.Thread(target=fence)
-        thread.start()
+        fencing = InThread(backend.fence)
         wait_until(lambda: watch.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
             "AND query LIKE 'CREATE OR REPLACE TRIGGER%'").fetchone() == (1,),
             timeout_s=30, what="the fence waiting for the straggler's lock")
         straggler.commit()
-        thread.join(STEP_TIMEOUT_S)
+        fencing.join(STEP_TIMEOUT_S)
         # The database's own record of the order: the fence committed after the straggler
         # (track_commit_timestamp; the fence's transaction is its triggers' xmin).
         assert watch.execute(
@@ -286,8 +239,8 @@ def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_sha
                FROM pg_trigger t WHERE t.tgname = %s""",
             (str(straggler_xid[0] if straggler_xid else 0), f"sfdb_fence_{backend.move_id}_w"),
         ).fetchall() == [(True,), (True,)]
-    assert "error" not in outcome, outcome.get("error")
-    fenced = outcome["fence"]
+    assert fencing.error is None, fencing.error
+    fenced = fencing.result
     wait_until(lambda: backend.drained(fenced.position), timeout_s=STEP_TIMEOUT_S, what="drained")
     assert straggler_id in pair.rows("target", "orders", shard)
 
@@ -322,14 +275,7 @@ def test_fence_waits_out_an_open_transaction_then_refuses_every_write_of_the_sha
     assert straggler_id in pair.rows("source", "orders", shard)
 
     # The source's rows stay while the publication streams; then the abort leaves nothing.
-    with pytest.raises(ShardMoveError, match="run cleanup first"):
-        backend.delete_source_rows()
-    assert len(backend.unfence()) == 6
-    assert backend.cleanup().source_pending is False
-    assert backend.delete_target_rows() == len(pair.rows("source", "orders", shard)) + len(
-        pair.rows("source", "order_items", shard))
-    assert backend.leftovers() == Leftovers()
-    pair.assert_nothing_left()
+    assert_aborted_after_the_fence(pair, backend, shard, FENCE_OBJECTS)
     for engine in engines:
         engine.dispose()
 
@@ -404,41 +350,6 @@ def test_fence_reports_blockers_then_terminates_them(pair: Pair) -> None:
 
 
 # -- crash and cleanup -------------------------------------------------------------------------
-
-LEFT_AFTER: dict[str, tuple[bool, bool, bool]] = {  # publication+slot, subscription, fence
-    "check": (False, False, False),
-    "capture": (True, False, False),
-    "copy": (True, True, False),
-    "synced": (True, True, False),
-    "caught_up": (True, True, False),
-    "pre_verify": (True, True, False),
-    "fence": (True, True, True),
-    "drained": (True, True, True),
-    "verify": (True, True, True),
-}
-
-
-def test_mover_killed_after_each_step_leaves_nothing_after_cleanup(pair: Pair) -> None:
-    assert list(LEFT_AFTER) == list(MOVE_STEPS[:-1])
-    for shard, (step, (captured, subscribed, fenced)) in enumerate(LEFT_AFTER.items()):
-        first = pair.backend(shard=shard, move_id=shard + 1)
-        run_move_steps(first, timeout_s=STEP_TIMEOUT_S, stop_after=step)
-        del first  # the mover died; a new one knows only the move's ID
-        fresh = pair.backend(shard=shard, move_id=shard + 1)
-        left = fresh.leftovers()
-        name = f"sfdb_move_{shard + 1}"
-        assert left.publications == ((name,) if captured else ()), step
-        assert (name in left.slots) == captured, step
-        assert left.subscriptions == ((name,) if subscribed else ()), step
-        assert len(left.fence_triggers) == (6 if fenced else 0), step
-        fresh.unfence()
-        report = fresh.cleanup()
-        assert report.source_pending is False
-        fresh.delete_target_rows()
-        assert fresh.leftovers() == Leftovers(), step
-        pair.assert_nothing_left()
-        assert pair.rows("target", "orders", shard) == {}
-
 
 def test_cleanup_with_the_source_unreachable_then_back(pair: Pair) -> None:
     source = pair.clusters.source
@@ -517,10 +428,7 @@ def test_verify_detects_a_tampered_row_on_the_target(pair: Pair) -> None:
                        f"WHERE (id & {MASK}) = {shard})")
         with pytest.raises(VerificationMismatchError, match="order_items: source"):
             backend.verify()
-        backend.unfence()
-        backend.cleanup()
-        backend.delete_target_rows()
-        assert backend.leftovers() == Leftovers()
+        assert_undone(backend)
     pair.assert_nothing_left()
 
 
@@ -545,34 +453,6 @@ def test_errors_name_the_server_but_never_the_password(pair: Pair) -> None:
     pair.assert_nothing_left()
 
 
-def test_first_pass_catches_a_mismatch_before_the_fence(pair: Pair) -> None:
-    """A row that differs before the change tracking starts is caught by the first pass,
-    while the shard is still served (no fence): the move stops with nothing paused."""
-    shard = 6
-    backend = pair.backend(shard=shard)
-    run_move_steps(backend, timeout_s=STEP_TIMEOUT_S, stop_after="caught_up")
-    with pair.connect("target") as conn:
-        conn.execute(f"DELETE FROM order_items WHERE id = (SELECT max(id) FROM order_items "
-                     f"WHERE (id & {MASK}) = {shard})")
-    with pytest.raises(VerificationMismatchError, match=r"verify_before_fence: .*order_items"
-                       ) as mismatch:
-        backend.verify_before_fence(timeout_s=STEP_TIMEOUT_S)
-    found = mismatch.value.verification
-    assert found.scope == "before_fence"
-    assert found.source["order_items"].rows == found.target["order_items"].rows + 1
-    assert len(backend.leftovers().fence_triggers) == 0
-    # Without the first pass's mark the second pass compares every row.
-    fenced = backend.fence()
-    wait_until(lambda: backend.drained(fenced.position), timeout_s=STEP_TIMEOUT_S, what="drain")
-    with pytest.raises(VerificationMismatchError) as again:
-        backend.verify()
-    assert again.value.verification.scope == "full"
-    backend.unfence()
-    backend.cleanup()
-    backend.delete_target_rows()
-    assert backend.leftovers() == Leftovers()
-
-
 def test_second_pass_compares_every_row_once_the_tracking_is_broken(pair: Pair) -> None:
     """A tracking trigger dropped (or disabled) between the passes: the changed rows are no
     longer known, so the second pass falls back to comparing every row of the shard."""
@@ -588,10 +468,7 @@ def test_second_pass_compares_every_row_once_the_tracking_is_broken(pair: Pair) 
         backend.verify()
     assert mismatch.value.verification.scope == "full"
     assert len(backend.leftovers().verify_objects) == 2 * (2 * 4 + 1)
-    backend.unfence()
-    backend.cleanup()
-    backend.delete_target_rows()
-    assert backend.leftovers() == Leftovers()
+    assert_undone(backend)
 
 
 def test_delete_rows_scans_each_table_once_not_once_per_batch(pair: Pair) -> None:
