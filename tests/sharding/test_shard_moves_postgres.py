@@ -351,6 +351,30 @@ def test_fence_reports_blockers_then_terminates_them(pair: Pair) -> None:
 
 # -- crash and cleanup -------------------------------------------------------------------------
 
+def test_cleanup_drops_the_publication_only_with_the_moving_tables_locked(pair: Pair) -> None:
+    """PostgreSQL fails a write that reads a table's publications while one is dropped
+    ('cache lookup failed for publication', XX000, which no retry helper expects): cleanup
+    drops the move's publication holding the moving tables in SHARE mode, so a transaction
+    writing there (any shard) holds the drop back, bounded, naming it; then it goes through."""
+    backend = pair.backend(shard=9, fence_attempts=3)
+    run_move_steps(backend, timeout_s=STEP_TIMEOUT_S, stop_after="synced")
+    publications = f"SELECT count(*) FROM pg_publication WHERE pubname = '{backend.name}'"
+    with pair.connect("source", autocommit=False) as writing:
+        writing.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 1, 1)",
+                        ((7777 << 4) | 1,))
+        with pytest.raises(FenceBlockedError) as blocked:
+            backend.cleanup()
+        assert [b.pid for b in blocked.value.blockers] == [writing.info.backend_pid]
+        assert f"drop publication {backend.name}" in str(blocked.value)
+        assert pair.count("source", publications) == 1
+    report = backend.cleanup()
+    assert report.source_pending is False
+    assert f"dropped publication {backend.name} on the source" in report.done
+    assert pair.count("source", publications) == 0
+    backend.delete_target_rows()
+    assert backend.leftovers() == Leftovers()
+
+
 def test_cleanup_with_the_source_unreachable_then_back(pair: Pair) -> None:
     source = pair.clusters.source
     backend = pair.backend(shard=9)
