@@ -586,13 +586,7 @@ def test_server_restarted_mid_copy_then_resumed_ends_exact(pair: Pair, which: st
                            f"({ids[0]}, {ids[-1]})")
     assert len(_changelog(pair, backend.move_id)) == 2
     server = pair.server(which)
-    assert server.process is not None
-    if how == "kill":
-        server.process.kill()
-        server.process.wait(30)
-        server.process = None
-    else:
-        server.stop()
+    KIND.bring_down(server, how)
     try:
         with pytest.raises(ShardMoveError, match=f"cannot connect to the {which}"):
             backend.advance()
