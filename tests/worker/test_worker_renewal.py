@@ -421,14 +421,13 @@ def test_callers_wait_for_the_heartbeats_running_renewal_once_it_is_due(
         assert _wait_for(lambda: lease.renewals >= 1, 10)
         with slot_row_locked(any_db, lease.worker_id):
             assert _wait_for(lambda: lease.renewal_in_flight() is not None, 10)
-            schedule = lease.schedule
+            # Fixed while the renewal hangs; the renewal moves it once the row is unlocked.
+            due, grace = lease.schedule.next_renewal_at, lease.schedule.caller_grace
             called_at = time.monotonic()
             gen.next_id()
             returned_at = time.monotonic()
         # The heartbeat's turn, not yet late: a caller used to issue here without waiting.
-        assert schedule.next_renewal_at <= called_at < schedule.next_renewal_at + (
-            schedule.caller_grace
-        )
+        assert due <= called_at < due + grace
         assert lease.caller_waits == 1
         assert returned_at - called_at >= alloc._renew_for_caller.wait_seconds
         assert lease.caller_renewals == 0  # it waited for the heartbeat's, started none
