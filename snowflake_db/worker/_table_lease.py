@@ -114,9 +114,8 @@ class TableLease:
         Cheap when nothing is due: two comparisons. When the heartbeat has missed its time by
         more than ``caller_grace``, the allocator renews on the caller's behalf and waits for
         it, bounded; the caller then checks ``valid_until`` as always. Once the renewal is
-        due and running (the heartbeat's, on time), the caller waits for it too, bounded:
-        callers that issue meanwhile take the GIL from it at each of its round trips, which
-        held one renewal a second past its deadline on an overloaded machine. Never raises.
+        due and running (the heartbeat's, on time), the caller waits for it too, bounded,
+        rather than compete with it for the CPU and the GIL. Never raises.
         """
         now = monotonic()
         schedule = self._schedule

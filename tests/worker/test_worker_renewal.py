@@ -411,8 +411,7 @@ def test_callers_wait_for_the_heartbeats_running_renewal_once_it_is_due(
     any_db: ScratchDatabase,
 ) -> None:
     """The heartbeat's renewal is due and running (on time): a caller waits for it, bounded,
-    rather than issue beside it and take the GIL from each of its round trips (which held a
-    renewal a second past its deadline on an overloaded machine)."""
+    rather than issue beside it and compete with it for the CPU and the GIL."""
     # A 30 s lease renewed every second: callers' grace 5.75 s, their wait 0.25 s.
     with allocator(any_db, lease_seconds=30.0, renew_every=1.0) as alloc:
         gen = SnowflakeGenerator(allocator=alloc)
