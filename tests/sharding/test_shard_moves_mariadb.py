@@ -104,6 +104,10 @@ def test_move_under_writers_carries_every_acknowledged_write_exactly_once(pair: 
                      for table in ("orders", "order_items")}
 
     def then(name: str) -> None:
+        if name == "copy":  # the shard is written while the copy runs (not by chance)
+            wait_until(lambda: any(op.ok and op.shard == shard and op.start > steps[name][0]
+                                   for w in writers for op in w.ops),
+                       timeout_s=30, what="a write of the shard during the copy")
         if name == "pre_verify":  # some of the shard's rows change between the two passes
             wait_until(lambda: sum(op.ok and op.shard == shard and op.start > steps[name][1]
                                    for w in writers for op in w.ops) >= 3,
