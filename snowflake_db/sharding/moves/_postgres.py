@@ -443,7 +443,12 @@ class PostgresMoveBackend:
                          conninfo=sql.Literal(self._subscription_conninfo),
                          slot=sql.Literal(self.name))
                 try:
-                    t.execute(statement)
+                    # Durable before the journal says so: on a target running
+                    # synchronous_commit = off a crash loses commits acknowledged a moment
+                    # before, and a resume then found no subscription.
+                    with t.transaction():
+                        t.execute("SET LOCAL synchronous_commit = local")
+                        t.execute(statement)
                 except psycopg.Error as error:
                     raise ShardMoveError(
                         f"copy: CREATE SUBSCRIPTION {self.name} on the target "
@@ -600,6 +605,8 @@ class PostgresMoveBackend:
                 with s.transaction():
                     s.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
                         sql.Literal(f"{self.lock_timeout_ms}ms")))
+                    # durable at commit, whatever the server's synchronous_commit
+                    s.execute("SET LOCAL synchronous_commit = local")
                     # The statements in one round trip: the writers queued behind the first
                     # lock taken wait for the others' too.
                     s.execute(sql.SQL("; ").join(statements))
