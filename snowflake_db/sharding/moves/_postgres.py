@@ -1038,15 +1038,15 @@ class PostgresMoveBackend:
         a refusal the application can retry): 1-4 writes in 2,000 create-and-drop rounds on
         PostgreSQL 15, none with the lock, which holds new writes off (and waits out those
         under way) until the catalog no longer names the publication."""
-        present = [table for table in self.tables if self._regclass(s, table) is not None]
+        present = {table: oid for table in self.tables
+                   if (oid := self._regclass(s, table)) is not None}
         statements = [sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(self.name))]
         if present:
             statements.insert(0, sql.SQL("LOCK TABLE {} IN SHARE MODE").format(
                 sql.SQL(", ").join(self._table(table) for table in present)))
         taken, attempts = self._under_lock_timeout(s, statements)
         if not taken:
-            oids = [oid for t in present if (oid := self._regclass(s, t)) is not None]
-            blockers = self._blockers(s, oids, _WRITE_LOCKS)
+            blockers = self._blockers(s, list(present.values()), _WRITE_LOCKS)
             raise FenceBlockedError(
                 f"cleanup: the lock on the source's moving tables to drop publication "
                 f"{self.name} not granted in {attempts} attempts of {self.lock_timeout_ms} ms; "
