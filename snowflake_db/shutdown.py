@@ -148,22 +148,63 @@ def keep_signals_off_this_thread() -> None:
 
 
 def _run_release_hooks(wait_seconds: float) -> None:
-    """Run the hooks in a helper thread and wait for them at most ``wait_seconds``; inline in a
-    process that may start no thread (forked without Python's hooks and not repaired)."""
+    """Run the hooks, waiting for them at most ``wait_seconds`` (see :func:`run_bounded`)."""
+    run_bounded(_run_hooks, wait_seconds)
+
+
+def run_bounded(work: Callable[[], None], wait_seconds: float) -> bool:
+    """Run ``work`` (a release) in a helper thread and wait for it at most ``wait_seconds``;
+    inline in a process that may start no thread (forked without Python's hooks and not
+    repaired). Whether it finished within the wait."""
     if not forks.threads_allowed():
-        _run_hooks()
-        return
+        work()
+        return True
     done = threading.Event()
 
     def release() -> None:
         keep_signals_off_this_thread()
         try:
-            _run_hooks()
+            work()
         finally:
             done.set()
 
     threading.Thread(target=release, name="snowflake_db-release", daemon=True).start()
-    done.wait(wait_seconds)
+    return done.wait(wait_seconds)
+
+
+@contextlib.contextmanager
+def signals_held(signums: Iterable[int]) -> Iterator[None]:
+    """Hold these signals off the main thread for the block, whoever handles them, then let
+    the first that arrived go on (its handler runs, or its default action happens).
+
+    For a billiard pool process's release as it ends: billiard's own handler of its terminate
+    signal raises ``SystemExit`` wherever the main thread is, which would cut the release short
+    (:mod:`snowflake_db.worker._parent_death`). The block must be bounded (:func:`run_bounded`):
+    the process cannot be ended by these signals meanwhile. Ignored signals stay ignored; a
+    no-op outside the main thread, where handlers cannot be changed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    saved: dict[int, _Handler] = {}
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        arrived.append(signum)
+
+    try:
+        for signum in signums:
+            handler = signal.getsignal(signum)
+            if handler is signal.SIG_IGN or handler is None:  # None: set from C, left alone
+                continue
+            saved[signum] = handler
+            signal.signal(signum, hold)
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+        if arrived:
+            signal.raise_signal(arrived[0])
 
 
 def _run_hooks() -> None:

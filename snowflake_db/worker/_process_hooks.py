@@ -25,6 +25,12 @@ multiprocessing's ``Finalize`` and ``_exit_function``), but a pool worker never 
 that callback, after the one it had (:func:`via_billiard`, :func:`via_multiprocessing`). Neither
 library is imported here: only one already loaded can have started this process.
 
+A billiard pool worker's release holds off billiard's terminate signal (SIGTERM), whose handler
+raises ``SystemExit`` wherever the process is: ``Pool.terminate()``, or the parent-death signal,
+arriving during the release would cut it short. Celery sets that death signal to SIGKILL, which
+Linux also sends when the *thread* that forked the process ends (billiard's supervisor thread, in
+a warm shutdown): :mod:`._parent_death` makes it the terminate signal instead.
+
 **A fork must not copy SQLite in the middle of a call.** SQLite keeps process-wide mutexes (its
 global mutex, the unix VFS lock taken when files are opened and closed). If one thread is inside
 SQLite while another thread forks, the child starts with that mutex held by a thread it does not
@@ -43,6 +49,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import signal
 import sys
 import threading
 import weakref
@@ -52,25 +59,61 @@ from typing import Any
 from sqlalchemy import Engine, event
 
 from .. import forks
-from ..shutdown import add_release_hook, release_on_sigterm_in_pool_child, signals_deferred
+from ..shutdown import (
+    add_release_hook,
+    release_on_sigterm_in_pool_child,
+    signals_deferred,
+    signals_held,
+)
+from . import _parent_death
 
 # -- exit paths of pool children ------------------------------------------------------------
 
 
 def via_billiard(release: Callable[[], None]) -> bool:
     """In a billiard child, arrange for ``release`` to run as it ends; False elsewhere."""
-    process = sys.modules.get("billiard.process")
-    if process is None:
+    current = _billiard_child()
+    if current is None:
         return False
-    current = process.current_process()
-    if getattr(current, "_parent_pid", None) is None:
-        return False  # billiard's main process (a Celery worker's parent), not a child
-    pool = sys.modules.get("billiard.pool")
-    worker = getattr(current, "_target", None)  # a pool process runs a Worker as its target
-    if pool is not None and isinstance(worker, pool.Worker):
+    worker = _billiard_pool_worker(current)
+    if worker is not None:
         worker.on_exit = _ReleaseAfter(worker.on_exit, release)
         return True
     _finalize(release)  # a plain billiard.Process: its _bootstrap runs the finalizers
+    return True
+
+
+def _billiard_child() -> Any:
+    """billiard's record of this process if billiard started it; else None."""
+    process = sys.modules.get("billiard.process")
+    if process is None:
+        return None
+    current = process.current_process()
+    if getattr(current, "_parent_pid", None) is None:
+        return None  # billiard's main process (a Celery worker's parent), not a child
+    return current
+
+
+def _billiard_pool_worker(current: Any) -> Any:
+    """The ``billiard.pool.Worker`` this billiard child runs, if it is a pool process."""
+    pool = sys.modules.get("billiard.pool")
+    worker = getattr(current, "_target", None)  # a pool process runs a Worker as its target
+    return worker if pool is not None and isinstance(worker, pool.Worker) else None
+
+
+def _release_as_billiard_pool_worker() -> bool:
+    """In a billiard pool process (Celery's prefork pool), release from its exit path with its
+    terminate signal held off, and take over a SIGKILL parent-death signal
+    (:mod:`._parent_death`); False elsewhere."""
+    current = _billiard_child()
+    worker = _billiard_pool_worker(current) if current is not None else None
+    if worker is None:
+        return False
+    common = sys.modules.get("billiard.common")
+    terminate = int(getattr(common, "TERM_SIGNAL", signal.SIGTERM))
+    release = _parent_death.ExitRelease(_at_exit)
+    worker.on_exit = _ReleaseAfter(worker.on_exit, release, hold=(terminate,))
+    _parent_death.take_over(current._parent_pid, terminate, release)
     return True
 
 
@@ -92,18 +135,24 @@ def _finalize(release: Callable[[], None]) -> None:
 
 class _ReleaseAfter:
     """A billiard pool worker's ``on_exit``: the callback it had first (its receivers, such as
-    Celery's ``worker_process_shutdown``, may still issue IDs), then the release."""
+    Celery's ``worker_process_shutdown``, may still issue IDs), then the release, with the
+    ``hold`` signals held off: billiard's handler of its terminate signal raises
+    ``SystemExit`` wherever the process is, and a release cut short leaves the slot parked."""
 
-    def __init__(self, previous: Any, release: Callable[[], None]) -> None:
+    def __init__(
+        self, previous: Any, release: Callable[[], None], hold: tuple[int, ...] = ()
+    ) -> None:
         self.previous = previous
         self.release = release
+        self.hold = hold
 
     def __call__(self, pid: int, exitcode: int) -> None:
         try:
             if self.previous is not None:
                 self.previous(pid, exitcode)
         finally:
-            self.release()
+            with signals_held(self.hold):
+                self.release()
 
 
 # -- the SQLite fork gate -------------------------------------------------------------------
@@ -215,13 +264,18 @@ def release_at_child_exit() -> None:
     Called whenever a lease is taken, so a recycled pool worker (``maxtasksperchild``, Celery's
     ``--max-tasks-per-child``) frees its slot as it ends rather than parking it for the lease
     length, and so does one that ``Pool.terminate()`` ends with SIGTERM (while SIGTERM has its
-    default action). Once per process; a no-op outside such children.
+    default action). In a billiard pool worker it also takes over a SIGKILL parent-death signal
+    (Celery's; :mod:`._parent_death`). Once per process; a no-op outside such children.
     """
     global _finalizer_pid  # noqa: PLW0603
     pid = os.getpid()
     if _finalizer_pid == pid:
         return
-    if via_billiard(_at_exit) or via_multiprocessing(_at_exit):
+    if (
+        _release_as_billiard_pool_worker()
+        or via_billiard(_at_exit)
+        or via_multiprocessing(_at_exit)
+    ):
         _finalizer_pid = pid
         release_on_sigterm_in_pool_child()
 
