@@ -15,16 +15,31 @@ publication or subscription left on either cluster.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from snowflake_db import SnowflakeGenerator
-from snowflake_db.sharding.moves import FORWARD_STEPS, RECOPY_STEP, MoveProgress, wait_until
+from snowflake_db.sharding.moves import (
+    FORWARD_STEPS,
+    RECOPY_STEP,
+    MoveProgress,
+    ShardMover,
+    wait_until,
+)
 
 from ..plugins.shard_moves import (
     LAYOUT,
+    ROOT,
     SHARD,
+    TABLES,
     Setup,
     assert_exactly_once,
     assert_fence_left,
@@ -129,37 +144,98 @@ def test_resume_after_the_copy_with_the_subscription_dropped_copies_again(
     assert_fence_left(setup, earlier)
 
 
+_DISABLING_KILLER = """
+import sys
+from tests.sharding.test_shard_move_resume_postgres import disabled_then_killed_main
+disabled_then_killed_main(sys.argv[1:])
+"""
+
+
+def disabled_then_killed_main(argv: list[str]) -> None:
+    """In a subprocess: ``move(SHARD, 'b')`` whose subscription is disabled on the target as
+    the announce step begins (the stream stops: nothing written on a since reaches b), then
+    SIGKILLed once the fence's journal line committed (argv: control URL, NAME=URL...)."""
+    from snowflake_db.sharding.moves import _journal
+
+    control, *given = argv
+    targets = dict(arg.split("=", 1) for arg in given)
+    started = _journal.Journal.started
+
+    def journaled(self: Any, step: str, state: str | None) -> None:
+        started(self, step, state)
+        if step == "drain":  # written with the fence's "done" line: the fence is up
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def progress(event: MoveProgress) -> None:
+        if event.step != "announce":
+            return
+        name = f"sfdb_move_{event.move_id}"
+        with psycopg.connect(targets["b"].replace("+psycopg", ""), autocommit=True) as conn:
+            conn.execute(f'ALTER SUBSCRIPTION "{name}" DISABLE'.encode())
+            wait_until(lambda: conn.execute(
+                "SELECT count(*) FROM pg_stat_subscription WHERE subname = %s AND pid IS NOT "
+                "NULL", (name,)).fetchone() == (0,), timeout_s=30, what=f"{name}'s workers gone")
+
+    _journal.Journal.started = journaled  # type: ignore[method-assign]
+    mover = ShardMover(control, targets, layout=LAYOUT, tables=TABLES, lease_s=30,
+                       assume_no_static_workers=True)
+    mover.move(SHARD, "b", progress=progress)
+    sys.exit(3)  # never reached: the mover was killed
+
+
+def _unfenced_between(setup: Setup, events: list[MoveProgress], between: dict[str, Any],
+                      oid: int) -> Any:
+    """A progress callback: after the recopy (before the new capture) the map says
+    ``moving``, a write of the shard passes on a, and b holds none of its rows."""
+
+    def progress(event: MoveProgress) -> None:
+        events.append(event)
+        if event.step == RECOPY_STEP:
+            between["map"] = setup.map_of(SHARD)
+            setup.kind.write(setup.url("a"), "INSERT INTO orders (id, customer_id, total_cents, "
+                                             "status) VALUES (%s, 5, 5, 'unfenced')", (oid,))
+            between["on_b"] = _shard_rows_on_b(setup, SHARD)
+    return progress
+
+
+def _confirmed_past(setup: Setup, move_id: int) -> bool:
+    """Whether the move's slot on a confirmed the journaled fence position (drained)."""
+    position = setup.mover().status(move_id).move.capture["fence_position"]
+    [(past,)] = setup.pair.query(
+        "source", "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots "
+                  "WHERE slot_name = %s", (position, f"sfdb_move_{move_id}"))
+    return bool(past)
+
+
 def test_resume_with_the_fence_up_and_the_subscription_dropped_lifts_it_and_copies_again(
     setup: Setup,
 ) -> None:
-    """Killed after the fence, the subscription dropped by hand: the stream cannot be drained.
-    The resume lifts the fence (the shard's writes go to a again, which is still its home),
-    sets the map back to ``moving``, copies again and fences anew."""
+    """The stream stopped before the fence (subscription disabled), the mover killed once the
+    fence is up, then the subscription dropped by hand, its slot left short of the fence
+    position: the stream cannot be drained. The resume lifts the fence (the shard's writes go
+    to a again, still its home), sets the map back to ``moving``, drops the slot, deletes b's
+    stale rows of the shard, copies again and fences anew."""
     preloaded = setup.all_rows("a")
     writers = start_writers(setup)
     events: list[MoveProgress] = []
     between: dict[str, Any] = {}
     passed = SnowflakeGenerator(9, layout=LAYOUT).next_id_in_shard(SHARD)  # no writer's worker
-
-    def progress(event: MoveProgress) -> None:
-        events.append(event)
-        if event.step == RECOPY_STEP:  # after the recopy, before the new capture
-            between["map"] = setup.map_of(SHARD)
-            setup.kind.write(setup.url("a"), "INSERT INTO orders (id, customer_id, total_cents, "
-                                             "status) VALUES (%s, 5, 5, 'unfenced')", (passed,))
-            between["on_b"] = _shard_rows_on_b(setup, SHARD)
-
     try:
-        # Killed once the fence's journal line committed (a kill right after "fence done"
-        # comes before its transaction's commit: the drain's "started" line shares it).
-        move_id = kill_mover_after(setup, SHARD, "drain", "started")
+        done = subprocess.run(
+            [sys.executable, "-c", _DISABLING_KILLER, setup.control_url,
+             *(f"{name}={url}" for name, url in setup.targets.items())],
+            cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
+        assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+        [record] = setup.mover().moves(limit=1)
+        move_id = record.id
         assert setup.map_of(SHARD) == ("a", "cutover")
         _drop_subscription_by_hand(setup, move_id)
+        assert not _confirmed_past(setup, move_id)
         stale = _shard_rows_on_b(setup, SHARD)
         assert stale > 0
-        record = setup.mover(progress_every_s=0.2, drain_timeout_s=30).resume(
-            move_id, force=True, progress=progress)
-        assert record.state == "done"
+        resumed = setup.mover(progress_every_s=0.2, drain_timeout_s=30).resume(
+            move_id, force=True, progress=_unfenced_between(setup, events, between, passed))
+        assert resumed.state == "done"
     finally:
         writers.stop()
     assert between == {"map": ("a", "moving"), "on_b": 0}
@@ -168,6 +244,56 @@ def test_resume_with_the_fence_up_and_the_subscription_dropped_lifts_it_and_copi
     assert detail["deleted_target_rows"] == stale, detail
     [said] = [str(e) for e in events if e.step == RECOPY_STEP]
     assert "lifted the fence on a (6 trigger(s))" in said, said
+    assert f"deleted {stale} rows of shard {SHARD} on b" in said, said
+    assert _steps_after_recopy(setup, move_id) == AFTER_RECOPY
+    assert_exactly_once(setup, writers, preloaded, {passed: "unfenced"})
+    assert_fence_left(setup, move_id)
+
+
+def _cold_copy(cluster: Any, into: Path) -> None:
+    """Stop ``cluster`` (fast shutdown), copy its data directory to ``into``, start it."""
+    cluster.stop()
+    subprocess.run(["cp", "-a", str(cluster.data), str(into)], check=True, timeout=300)
+    cluster.start()
+
+
+def test_resume_with_the_fence_up_and_b_restored_from_a_backup_before_the_copy(
+    setup: Setup,
+) -> None:
+    """b restored from a backup taken before the move (a stopped cluster's data directory
+    copied, then copied back): no subscription, none of the shard's rows, no tracking; the
+    slot on a confirmed what the lost b had applied. Resumed after the fence, the move copies
+    again instead of verifying (and flipping to) a target that lost the copy."""
+    preloaded = setup.all_rows("a")
+    target = setup.pair.clusters.target
+    backup = target.directory / "backup"
+    writers = start_writers(setup)  # every shard on a: b is not written
+    events: list[MoveProgress] = []
+    between: dict[str, Any] = {}
+    passed = SnowflakeGenerator(9, layout=LAYOUT).next_id_in_shard(SHARD)
+    try:
+        _cold_copy(target, backup)
+        move_id = kill_mover_after(setup, SHARD, "drain", "started")  # the fence is up
+        assert setup.map_of(SHARD) == ("a", "cutover")
+        target.stop()
+        shutil.rmtree(target.data)
+        subprocess.run(["cp", "-a", str(backup), str(target.data)], check=True, timeout=300)
+        target.start()
+        assert setup.pair.count("target", "SELECT count(*) FROM pg_subscription") == 0
+        assert _shard_rows_on_b(setup, SHARD) == 0
+        assert f"sfdb_move_{move_id}" in _slots(setup)
+        resumed = setup.mover(progress_every_s=0.2, drain_timeout_s=30).resume(
+            move_id, force=True, progress=_unfenced_between(setup, events, between, passed))
+        assert resumed.state == "done"
+    finally:
+        writers.stop()
+        if target.pid is None:
+            target.start()
+        shutil.rmtree(backup, ignore_errors=True)
+    assert between == {"map": ("a", "moving"), "on_b": 0}
+    detail = _recopy_detail(setup, move_id)
+    assert len(detail["unfenced"]) == setup.kind.fence_objects, detail
+    assert detail["deleted_target_rows"] == 0, detail
     assert _steps_after_recopy(setup, move_id) == AFTER_RECOPY
     assert_exactly_once(setup, writers, preloaded, {passed: "unfenced"})
     assert_fence_left(setup, move_id)

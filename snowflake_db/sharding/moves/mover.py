@@ -972,6 +972,12 @@ class _Run:
         hold the source's WAL forever), delete the shard's rows on the target (only those:
         ``id & mask = shard``; other shards' rows there stay) and go on from ``capture``."""
         lost = self.lost or "the copy is lost"
+        with self.journal.owned() as connection:
+            if read_move(connection, self.mover.map_tables, self.record.id).flipped:
+                raise ShardMoveError(f"{RECOPY_STEP}: move {self.record.id} has flipped: "
+                                     f"{self.record.target} is the shard's home, nothing is "
+                                     "copied again; resume it")
+            self._map_state(connection)  # still on the source, or the error saying not
         unfenced = self.backend.unfence()
         with self.journal.owned() as connection:
             if self._map_state(connection) == "cutover":
