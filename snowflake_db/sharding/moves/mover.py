@@ -449,7 +449,9 @@ class ShardMover:
     def resume(self, move_id: int, *, progress: Progress | None = None, force: bool = False,
                terminate_blockers: bool = False) -> MoveRecord:
         """Continue a move from its last journaled step (an abort that was under way goes on
-        aborting). Refused while another mover holds the move's lease, unless ``force``."""
+        aborting). Before the flip, a copy found lost (PostgreSQL: the subscription gone from
+        the target) is undone and made again (:data:`RECOPY_STEP`). Refused while another
+        mover holds the move's lease, unless ``force``."""
         record = read_move(self.engine, self.map_tables, move_id)
         if record.state in ENDED_STATES:
             return record
@@ -999,9 +1001,16 @@ class _Run:
                           capture=capture)
         fence = (f"lifted the fence on {self.record.source} ({len(unfenced)} trigger(s)): the "
                  f"shard's writes go there until the new fence; " if unfenced else "")
+        # The replication objects by name; the verification's tracking (triggers and change
+        # logs) counted: the journal's detail names every one.
+        named = [line for line in report.done
+                 if line.startswith(("dropped slot", "dropped publication", "dropped subscr"))]
+        tracking = len(report.done) - len(named)
+        dropped = "; ".join(named) or "no slot or publication was left"
+        if tracking:
+            dropped += f"; dropped {tracking} tracking object(s)"
         self.emit(RECOPY_STEP,
-                  f"{lost}: {fence}dropped {len(report.done)} object(s) of the move "
-                  f"({'; '.join(report.done) or 'none left'}); deleted {deleted} rows of shard "
+                  f"{lost}: {fence}{dropped}; deleted {deleted} rows of shard "
                   f"{self.record.shard} on {self.record.target} ({tables}); copying again",
                   deleted=deleted, unfenced=len(unfenced))
 
