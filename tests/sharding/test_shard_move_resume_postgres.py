@@ -137,7 +137,13 @@ def test_resume_after_the_copy_with_the_subscription_dropped_copies_again(
                                                                     f"{move_id} on the target")
     assert f"dropped slot sfdb_move_{move_id} on the source" in detail["dropped"], detail
     [said] = [str(e) for e in events if e.step == RECOPY_STEP]
-    assert f"deleted {stale} rows of shard {SHARD} on b (orders, order_items)" in said, said
+    target = setup.pair.clusters.target
+    name = f"sfdb_move_{move_id}"
+    assert said == (
+        f"move {move_id} recopy: no subscription {name} on the target {target.host}:"
+        f"{target.port}/{setup.pair.db}: dropped slot {name} on the source; dropped publication "
+        f"{name} on the source; deleted {stale} rows of shard {SHARD} on b (orders, "
+        "order_items); copying again"), said
     assert _steps_after_recopy(setup, move_id) == AFTER_RECOPY
     assert_exactly_once(setup, writers, preloaded)  # shard OTHER's rows on b among them
     assert_fence_left(setup, move_id)
