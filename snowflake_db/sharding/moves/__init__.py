@@ -37,6 +37,7 @@ from ._results import (
 )
 from .mover import (
     FORWARD_STEPS,
+    RECOPY_STEP,
     STATIC_WORKERS_STEP,
     MovePlan,
     MoveProgress,
@@ -81,6 +82,7 @@ __all__ = [
     "MOVE_BACKENDS",
     "MOVE_BACKEND_MEMBERS",
     "MOVE_STEPS",
+    "RECOPY_STEP",
     "STATIC_WORKERS_STEP",
     "Blocker",
     "CleanupReport",

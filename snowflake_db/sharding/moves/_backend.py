@@ -70,6 +70,13 @@ class MoveBackend(Protocol):
         on their own). The mover polls again at once while it does work."""
         ...
 
+    def copy_lost(self) -> str | None:
+        """After the copy started: why it can no longer go on (PostgreSQL: the subscription is
+        gone from the target, a backup restored or a hand's ``DROP SUBSCRIPTION``), or
+        ``None`` while it can. The mover asks on a resume before the flip and, when lost,
+        undoes the copy and makes it again (the journal's ``recopy`` step)."""
+        ...
+
     def copy_progress(self) -> CopyProgress:
         """Each table's copy state, for progress lines."""
         ...
@@ -139,9 +146,9 @@ class MoveBackend(Protocol):
 #: The members of :class:`MoveBackend`, for a check that a class has each one.
 MOVE_BACKEND_MEMBERS = (
     "kind", "name", "backlog_unit", "held", "check", "capture", "copy", "advance",
-    "copy_progress", "copy_synced", "backlog", "flush", "verify_before_fence", "fence",
-    "drained", "verify", "unfence", "shard_fences_on_target", "cleanup", "delete_source_rows",
-    "delete_target_rows", "leftovers", "measure", "rows_copied",
+    "copy_lost", "copy_progress", "copy_synced", "backlog", "flush", "verify_before_fence",
+    "fence", "drained", "verify", "unfence", "shard_fences_on_target", "cleanup",
+    "delete_source_rows", "delete_target_rows", "leftovers", "measure", "rows_copied",
 )
 
 

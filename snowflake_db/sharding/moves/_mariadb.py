@@ -976,6 +976,12 @@ END"""
                      (_key_list(batch),))
         return len(pending)
 
+    def copy_lost(self) -> str | None:
+        """``None``: not detected on MariaDB. A progress table lost on the target (a backup
+        restored) stops the copy's next step (``advance``: "run copy first"); abort the move
+        and start it again."""
+        return None
+
     def copy_progress(self) -> CopyProgress:
         """Target: each table's copy state (``i`` not started, ``d`` copying, ``r`` done)."""
         with self._target.session() as t:

@@ -473,6 +473,15 @@ class PostgresMoveBackend:
             self._suboid = suboid
         return suboid
 
+    def copy_lost(self) -> str | None:
+        """Target: after :meth:`copy`, whether the subscription is gone (the target restored
+        from a backup taken before the copy, or a hand's ``DROP SUBSCRIPTION``): the stream
+        cannot go on, and its slot on the source (if left) is consumed by nobody."""
+        with self._target.session() as t:
+            if self._subscription_oid(t) is not None:
+                return None
+        return f"no subscription {self.name} on the target {self._target.description}"
+
     def copy_progress(self) -> CopyProgress:
         """Target: each table's subscription state; ``synced`` once every one is ready."""
         with self._target.session() as t:

@@ -12,7 +12,9 @@ Every step is journaled in the control database (``snowflake_shard_move_steps``:
 row before the action, ``done`` or ``failed`` after it, database clock) under the mover's own
 lease on the move's row, renewed while it runs. The actions are idempotent and find their objects
 by name, so :meth:`ShardMover.resume` continues a move whose mover died at any point from its
-last journaled step, and :meth:`ShardMover.abort` undoes a move that has not flipped. The shard
+last journaled step, and :meth:`ShardMover.abort` undoes a move that has not flipped. A resume
+before the flip that finds the copy lost (PostgreSQL: the subscription gone from the target)
+undoes it and copies again from the capture step (:data:`RECOPY_STEP`). The shard
 map follows the move: ``moving`` while copying, ``cutover`` once the fence is up, then the flip
 (:func:`~snowflake_db.sharding.shard_map.flip_shard`) in the same transaction as its journal
 line. After the flip only forward steps remain: the barrier (every live lease routes with the
@@ -79,6 +81,7 @@ from ._results import Leftovers, MovedTable
 
 __all__ = [
     "FORWARD_STEPS",
+    "RECOPY_STEP",
     "STATIC_WORKERS_STEP",
     "MovePlan",
     "MoveProgress",
@@ -124,6 +127,13 @@ DRAIN_POLL_S = 0.01
 COPY_POLL_S = 0.05
 #: The step a move stops at without ``assume_no_static_workers``.
 STATIC_WORKERS_STEP = "delete_source_rows"
+#: The step a resume journals when, before the flip, it finds the copy lost (the target's
+#: subscription gone): it lifts the move's fence if up, drops the capture and copy objects
+#: (the orphaned slot among them), deletes the shard's rows on the target and the move goes
+#: on from ``capture``. The journal's forward steps count from its last ``done`` line.
+RECOPY_STEP = "recopy"
+_COPY_INDEX = _FORWARD_NAMES.index("copy")
+_CAPTURE_INDEX = _FORWARD_NAMES.index("capture")
 #: An earlier move's fence on the target: ``sfdb_fence_<move id>_<suffix>`` (every backend).
 _OLD_FENCE = re.compile(r"^sfdb_fence_(\d+)_")
 
@@ -439,7 +449,9 @@ class ShardMover:
     def resume(self, move_id: int, *, progress: Progress | None = None, force: bool = False,
                terminate_blockers: bool = False) -> MoveRecord:
         """Continue a move from its last journaled step (an abort that was under way goes on
-        aborting). Refused while another mover holds the move's lease, unless ``force``."""
+        aborting). Before the flip, a copy found lost (PostgreSQL: the subscription gone from
+        the target) is undone and made again (:data:`RECOPY_STEP`). Refused while another
+        mover holds the move's lease, unless ``force``."""
         record = read_move(self.engine, self.map_tables, move_id)
         if record.state in ENDED_STATES:
             return record
@@ -453,14 +465,11 @@ class ShardMover:
         if record.state == "aborting":
             self._abort(journal, record, progress)
         else:
-            rows = read_journal(self.engine, self.map_tables, move_id)
-            done = [_FORWARD_NAMES.index(r.step) for r in rows
-                    if r.status == "done" and r.step in _FORWARD_NAMES]
-            start = max(done) + 1 if done else 0
+            start = _resume_index(read_journal(self.engine, self.map_tables, move_id))
             _emit(progress, MoveProgress(move_id, "resume",
                                          f"state {record.state}, from step "
                                          f"{_FORWARD_NAMES[min(start, len(_FORWARD_NAMES) - 1)]}"))
-            self._run(journal, start, progress, terminate_blockers)
+            self._run(journal, start, progress, terminate_blockers, resumed=True)
         return read_move(self.engine, self.map_tables, move_id)
 
     def abort(self, move_id: int, *, progress: Progress | None = None,
@@ -580,15 +589,23 @@ class ShardMover:
     # -- the forward path ------------------------------------------------------------------------
 
     def _run(self, journal: Journal, start: int, progress: Progress | None,
-             terminate_blockers: bool) -> None:
+             terminate_blockers: bool, *, resumed: bool = False) -> None:
         record = journal.record()
         backend = self._backend_of(record)
         run = _Run(self, journal, backend, record, progress=progress,
                    terminate_blockers=terminate_blockers)
         held = False
-        step = "?"
+        step = _FORWARD_NAMES[min(start, len(_FORWARD_NAMES) - 1)]
         try:
             with LeaseKeeper(journal), ExitStack() as sessions:
+                # A resume after the copy began and before the flip: is the copy still there?
+                # After the flip the target is the shard's home: nothing is copied again.
+                if resumed and start > _COPY_INDEX and not record.flipped:
+                    run.lost = backend.copy_lost()
+                    if run.lost is not None:
+                        step = RECOPY_STEP
+                        run.step(RECOPY_STEP, "capturing")
+                        start = _CAPTURE_INDEX
                 steps = FORWARD_STEPS[start:]
                 for index, (step, state) in enumerate(steps):
                     if step in _HELD and not held:
@@ -631,6 +648,17 @@ class ShardMover:
 _AFTER_FLIP = frozenset({"flip", "barrier", "cleanup", "delete_source_rows", "finish"})
 
 
+def _resume_index(rows: Sequence[JournalRow]) -> int:
+    """The forward step a resume starts at: the one after the last ``done`` since the last
+    :data:`RECOPY_STEP` (which undid the copy: ``capture`` comes next)."""
+    recopied = max((i for i, row in enumerate(rows)
+                    if (row.step, row.status) == (RECOPY_STEP, "done")), default=-1)
+    done = [_FORWARD_NAMES.index(r.step) for r in rows[recopied + 1:]
+            if r.status == "done" and r.step in _FORWARD_NAMES]
+    start = max(done) + 1 if done else 0
+    return max(start, _CAPTURE_INDEX) if recopied >= 0 else start
+
+
 def _same_backend(source: str, source_kind: str, target: str, target_kind: str) -> str:
     """The one backend of a move's two servers (by the shard map), or the error saying why
     not: a backend's capture, fence and copy work between two servers of its own kind."""
@@ -667,6 +695,8 @@ class _Run:
         self.progress = progress
         self.terminate_blockers = terminate_blockers
         self.fence_position: str | None = None
+        #: Why the copy is lost (:meth:`MoveBackend.copy_lost`), found by a resume.
+        self.lost: str | None = None
 
     def emit(self, step: str, message: str, **numbers: Any) -> None:
         _emit(self.progress, MoveProgress(self.record.id, step, message, numbers))
@@ -935,6 +965,54 @@ class _Run:
                               connection=connection)
             self.journal.set_state("done", end=True, connection=connection)
         self.emit("finish", f"done: shard {self.record.shard} on {self.record.target}")
+
+    def do_recopy(self) -> None:
+        """The copy is lost before the flip: undo it as an abort would (the source is still
+        the shard's home), but keep the move: lift the fence if up (the shard's writes go to
+        the source again: a second copy under the fence would refuse them for its whole
+        length), drop the capture, copy and tracking objects (the orphaned slot: it would
+        hold the source's WAL forever), delete the shard's rows on the target (only those:
+        ``id & mask = shard``; other shards' rows there stay) and go on from ``capture``."""
+        lost = self.lost or "the copy is lost"
+        with self.journal.owned() as connection:
+            if read_move(connection, self.mover.map_tables, self.record.id).flipped:
+                raise ShardMoveError(f"{RECOPY_STEP}: move {self.record.id} has flipped: "
+                                     f"{self.record.target} is the shard's home, nothing is "
+                                     "copied again; resume it")
+            self._map_state(connection)  # still on the source, or the error saying not
+        unfenced = self.backend.unfence()
+        with self.journal.owned() as connection:
+            if self._map_state(connection) == "cutover":
+                set_shard_state(connection, self.record.shard, "moving",
+                                schema=self.mover.schema)
+        report = self.backend.cleanup()
+        if report.source_pending:
+            raise ShardMoveError(f"{RECOPY_STEP}: the source did not answer "
+                                 f"({report.source_error}); resume once it does")
+        deleted = self.backend.delete_target_rows(batch_size=self.mover.batch_size)
+        # What the lost copy and fence recorded no longer holds (a new copy, a new fence).
+        capture = {key: value for key, value in self.journal.record().capture.items()
+                   if key not in ("subscription", "subscription_oid", "fence_position",
+                                  "fence_lsn")}
+        tables = ", ".join(table.name for table in self.mover.tables)
+        self.journal.done(RECOPY_STEP, {"lost": lost, "unfenced": unfenced,
+                                        "dropped": report.done, "deleted_target_rows": deleted,
+                                        "tables": [t.name for t in self.mover.tables]},
+                          capture=capture)
+        fence = (f"lifted the fence on {self.record.source} ({len(unfenced)} trigger(s)): the "
+                 f"shard's writes go there until the new fence; " if unfenced else "")
+        # The replication objects by name; the verification's tracking (triggers and change
+        # logs) counted: the journal's detail names every one.
+        named = [line for line in report.done
+                 if line.startswith(("dropped slot", "dropped publication", "dropped subscr"))]
+        tracking = len(report.done) - len(named)
+        dropped = "; ".join(named) or "no slot or publication was left"
+        if tracking:
+            dropped += f"; dropped {tracking} tracking object(s)"
+        self.emit(RECOPY_STEP,
+                  f"{lost}: {fence}{dropped}; deleted {deleted} rows of shard "
+                  f"{self.record.shard} on {self.record.target} ({tables}); copying again",
+                  deleted=deleted, unfenced=len(unfenced))
 
     # -- abort steps -----------------------------------------------------------------------------
 
