@@ -31,7 +31,7 @@ from snowflake_db.worker import TableLease
 
 from ..plugins.database_delay import database_probing
 from ..plugins.databases import ScratchDatabase
-from ..plugins.scheduler_delay import SchedulerDelay, lapse_excuse, monotonic
+from ..plugins.scheduler_delay import SchedulerDelay, lapse_excuse, monotonic, renewals_recorded
 from ..plugins.worker_support import allocator, wait_for
 
 FROZEN_AT = datetime(2021, 4, 23, 13, 21, 46, tzinfo=UTC)
@@ -163,7 +163,7 @@ def test_a_leased_generator_renews_through_a_freeze_and_after_it(
 ) -> None:
     alloc = allocator(any_db, lease_seconds=LEASE_SECONDS)
     lapses: list[tuple[float, str]] = []
-    with database_probing(any_db) as database_delay, \
+    with database_probing(any_db) as database_delay, renewals_recorded() as renewals, \
             _closing(SnowflakeGenerator(allocator=alloc, layout=LAYOUT)) as generator:
         before = _real_ms()
         with fake_time():
@@ -183,11 +183,14 @@ def test_a_leased_generator_renews_through_a_freeze_and_after_it(
         # a third into the lease): a liveness bound a loaded machine can break (load 16 on 2
         # cores did, "last renewed 2.4 s ago"; at load 21 the shared MariaDB did, this process
         # kept from running 0.02 s), while a renewal the freeze really stopped lapses with both
-        # on time and fails here.
+        # on time and fails here. Or the renewal due before the lapse began on time (the
+        # product called it; the database held its answer: at load 13 a MariaDB renewal
+        # outlasted the slack while the probe's slowest one-row commit took 0.92 s).
         excuse = lapse_excuse(LEASE_SECONDS)
         for at, why in lapses:
             delayed = scheduler_delay.during(at - LEASE_SECONDS, at)
             slowest = database_delay.slowest(at - LEASE_SECONDS, at)
-            assert delayed + slowest >= excuse, (
+            on_time = renewals.started_on_time(at, LEASE_SECONDS / 3, scheduler_delay)
+            assert on_time or delayed + slowest >= excuse, (
                 f"{why} (kept from running {delayed:.2f} s of the lease; the database's "
-                f"slowest commit {slowest:.2f} s)")
+                f"slowest commit {slowest:.2f} s; renewals {renewals.spans})")

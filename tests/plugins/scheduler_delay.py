@@ -147,6 +147,56 @@ def lapse_excuse(lease_seconds: float) -> float:
     return (lease_seconds - lease_seconds / 3) / 2
 
 
+class Renewals:
+    """Every lease renewal of this process while recording (:func:`renewals_recorded`): when
+    each began and ended (:func:`monotonic`) and whether it succeeded, from the metrics events
+    ``lease_renewed`` and ``lease_renewal_failed`` (their value is how long it took)."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[float, float, bool]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, seconds: float) -> None:
+        if event in ("lease_renewed", "lease_renewal_failed"):
+            ended = monotonic()
+            with self._lock:
+                self.spans.append((ended - seconds, ended, event == "lease_renewed"))
+
+    def started_on_time(self, at: float, renew_every: float, delay: SchedulerDelay) -> bool:
+        """Whether the renewal after the last one that ended before ``at`` (a lapse) began by
+        its due time (the product's schedule: ``renew_every`` after the start of a renewal
+        that succeeded, a quarter of it after the end of one that failed), late by no more
+        than this process was kept from running meanwhile plus a switch interval. Such a lapse
+        is the database's doing (the renewal was called and waited for its answer); one whose
+        renewal began late or never (the product stopped renewing) is not excused."""
+        with self._lock:
+            spans = sorted(self.spans)
+        before = [span for span in spans if span[1] < at]
+        if not before:
+            return False
+        begun, ended, succeeded = max(before, key=lambda span: span[1])
+        due = begun + renew_every if succeeded else ended + renew_every / 4
+        following = [span[0] for span in spans if span[0] >= ended]
+        if not following:
+            return False
+        late = delay.during(due, following[0]) + sys.getswitchinterval()
+        return following[0] <= due + late
+
+
+@contextmanager
+def renewals_recorded() -> Iterator[Renewals]:
+    """:class:`Renewals` recorded for the ``with`` block (a :mod:`snowflake_db.metrics`
+    listener)."""
+    from snowflake_db import metrics
+
+    renewals = Renewals()
+    metrics.add_listener(renewals)
+    try:
+        yield renewals
+    finally:
+        metrics.remove_listener(renewals)
+
+
 @contextmanager
 def probing() -> Iterator[SchedulerDelay]:
     """A probe running for the ``with`` block: for a helper that guards one wait."""
