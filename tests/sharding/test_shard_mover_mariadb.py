@@ -16,6 +16,7 @@ the tests skip with the reason; under ``CI=true`` they fail.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from contextlib import suppress
@@ -156,7 +157,12 @@ def test_a_blocked_fence_stops_the_move_then_terminate_blockers_finishes_it(
         assert setup.pair.query("source", f"SELECT fenced FROM sfdb_fence_{move_id}") == [(0,)]
         assert main(setup.cli_move("--resume", str(move_id), "--terminate-blockers")) == 0
         out = capsys.readouterr().out
-        assert f"terminated blocking sessions [{straggler.thread_id()}]" in out, out
+        # The straggler, and perhaps a writer's statement of the shard caught holding the
+        # fence row's lock at that moment (seen at load 13: "[48, 50]"); a writer's write
+        # ended so is in doubt, never acknowledged (assert_exactly_once judges it).
+        [terminated] = re.findall(r"terminated blocking sessions \[([\d, ]+)\]", out)
+        ended = {int(session) for session in terminated.split(",")}
+        assert straggler.thread_id() in ended and len(ended) <= 1 + len(writers.writers), out
         assert f"move {move_id}: shard {SHARD} a -> b, done" in out
         with pytest.raises(pymysql.err.OperationalError), straggler.cursor() as cursor:
             cursor.execute("SELECT 1")  # its session was ended

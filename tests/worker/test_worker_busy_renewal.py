@@ -28,6 +28,7 @@ from snowflake_db.worker._renewer import LeaseRenewer
 
 from ..plugins.databases import ScratchDatabase
 from ..plugins.outage_support import STEADY_LEASE_SECONDS
+from ..plugins.scheduler_delay import SchedulerDelay
 from ..plugins.worker_support import allocator, wait_for
 from .test_worker_renewal import calling, slot_row_locked
 
@@ -111,7 +112,9 @@ def test_a_clock_comparison_that_waits_holds_no_renewal_back(
 
 @pytest.mark.timing(seconds=6)  # see tests/conftest.py
 @pytest.mark.slow
-def test_near_the_deadline_callers_wait_for_the_running_renewal(any_db: ScratchDatabase) -> None:
+def test_near_the_deadline_callers_wait_for_the_running_renewal(
+    any_db: ScratchDatabase, scheduler_delay: SchedulerDelay
+) -> None:
     """The slot row is locked, so the renewal hangs in the database past the local deadline.
     Callers issue while the lease is valid and the renewal not late, but once the deadline is
     within ``hold_seconds`` (for this short lease all of the slack after the callers' grace,
@@ -139,8 +142,13 @@ def test_near_the_deadline_callers_wait_for_the_running_renewal(any_db: ScratchD
         assert seen[-1][2][1] - seen[-1][2][0] > 0.05, seen
         for locked_at, _deadline, (start, end) in seen:
             if end > start:
-                assert callers.issued_between(locked_at, start) > 0  # valid: callers issue
-                assert callers.issued_between(start, end) == 0
+                # Valid and not late: callers issue (a liveness claim, judged only when the
+                # window outlasts how long this process was kept from running in it: at load
+                # 13 the lock came 5 ms before the hold began, and no caller ran in between).
+                window = start - locked_at
+                if window > 0.05 + scheduler_delay.during(locked_at, start):
+                    assert callers.issued_between(locked_at, start) > 0
+                assert callers.issued_between(start, end) == 0  # none within the hold
         assert {error for error, _ in callers.errors} <= {LeaseExpiredError}
         gen.close()
 
