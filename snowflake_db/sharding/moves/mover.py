@@ -994,10 +994,10 @@ class _Run:
         capture = {key: value for key, value in self.journal.record().capture.items()
                    if key not in ("subscription", "subscription_oid", "fence_position",
                                   "fence_lsn")}
-        tables = ", ".join(table.name for table in self.mover.tables)
+        tables = [table.name for table in self.mover.tables]
         self.journal.done(RECOPY_STEP, {"lost": lost, "unfenced": unfenced,
                                         "dropped": report.done, "deleted_target_rows": deleted,
-                                        "tables": [t.name for t in self.mover.tables]},
+                                        "tables": tables},
                           capture=capture)
         fence = (f"lifted the fence on {self.record.source} ({len(unfenced)} trigger(s)): the "
                  f"shard's writes go there until the new fence; " if unfenced else "")
@@ -1011,7 +1011,8 @@ class _Run:
             dropped += f"; dropped {tracking} tracking object(s)"
         self.emit(RECOPY_STEP,
                   f"{lost}: {fence}{dropped}; deleted {deleted} rows of shard "
-                  f"{self.record.shard} on {self.record.target} ({tables}); copying again",
+                  f"{self.record.shard} on {self.record.target} ({', '.join(tables)}); "
+                  "copying again",
                   deleted=deleted, unfenced=len(unfenced))
 
     # -- abort steps -----------------------------------------------------------------------------
