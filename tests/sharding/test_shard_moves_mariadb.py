@@ -625,6 +625,32 @@ def test_copy_resumes_when_the_progress_table_lost_a_row(pair: Pair) -> None:
     pair.assert_nothing_left()
 
 
+def test_a_chunk_read_in_parts_is_written_whole_or_not_at_all(pair: Pair) -> None:
+    """The copy reads a chunk in parts and inserts each while the next is read: a part the
+    target refuses (the chunk's 13th row of 20, by a CHECK constraint added there after the
+    check step) rolls the whole chunk back with its progress, and once the constraint is gone
+    the copy goes on from the same place."""
+    shard = 5
+    backend = pair.backend(shard=shard, chunk_rows=20)
+    run_steps(backend, stop_after="copy")
+    refused = sorted(pair.rows("source", "orders", shard))[12]
+    pair.execute("target", f"ALTER TABLE orders ADD CONSTRAINT refuse_one CHECK (id <> {refused})")
+    with pytest.raises(pymysql.MySQLError, match="refuse_one"):
+        backend.advance()
+    assert pair.rows("target", "orders", shard) == {}
+    assert _progress(pair, backend.move_id)["orders"] == (None, 0, 0)
+    pair.execute("target", "ALTER TABLE orders DROP CONSTRAINT refuse_one")
+    results = run_steps(backend, start_at="synced", stop_after="verify")
+    assert results["verify"].source == results["verify"].target
+    assert pair.rows("target", "orders", shard) == pair.rows("source", "orders", shard)
+    assert backend.rows_copied() == len(pair.rows("source", "orders", shard)) + len(
+        pair.rows("source", "order_items", shard))
+    backend.cleanup()
+    backend.unfence()
+    backend.delete_target_rows()
+    pair.assert_nothing_left()
+
+
 GONE_CAPTURE = textwrap.dedent("""
     import sys
     from snowflake_db import Layout
