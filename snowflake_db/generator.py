@@ -311,6 +311,11 @@ class SnowflakeGenerator:
             self._check_usable()
             ticks = self._ticks
             raw = ticks.read_checked()
+            lease = self._lease
+            if lease is not None and monotonic() >= lease.valid_until:
+                # The deadline passed after the check, before this reading (the thread lost
+                # the CPU in between): its tick may begin after it. Check again: renew or fence.
+                continue
             tick = ticks.tick_of(raw)
             last = self._last_tick
             if tick > last:

@@ -8,7 +8,9 @@ A lease promises three things, which together make reusing a masked worker slot 
 * ``worker_id`` is held by this process alone until ``valid_until`` (``time.monotonic()``
   seconds; the allocator keeps a safety margin before the database-side expiry). The generator
   compares it with :func:`snowflake_db.clock.monotonic`, the same clock read past any test
-  tool that fakes ``time.monotonic``.
+  tool that fakes ``time.monotonic``, after reading the clock for a new tick, so a tick that
+  begins after the deadline is never opened, however long the thread waited for the CPU
+  between the check and the reading.
 * ``floor_ms`` is the previous holder's high-water mark: only timestamps *above* it may be issued.
 * ``high_water_ms`` is the largest timestamp this holder may issue; it is stored in the database
   before it is returned, so the next holder of the slot starts above it.

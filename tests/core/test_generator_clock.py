@@ -727,6 +727,45 @@ def test_expired_lease_fences_until_renewed() -> None:
     assert not lease.released
 
 
+class _DeadlinePassesDuringRead(FakeClock):
+    """A clock whose ``passing_read``-th reading lets the lease's local deadline pass while it
+    is taken: a thread descheduled between the lease check and the clock reading."""
+
+    def __init__(self, start_ms: int, allocator: FakeAllocator) -> None:
+        super().__init__(start_ms)
+        self.allocator = allocator
+        self.reads = 0
+        self.passing_read = -1
+
+    def __call__(self) -> int:
+        self.reads += 1
+        if self.reads == self.passing_read:
+            self.allocator.leases[0].valid_until = time.monotonic() - 0.001
+        return super().__call__()
+
+
+def test_a_deadline_that_passes_while_the_clock_is_read_opens_no_tick_after_it() -> None:
+    """The deadline is checked again after the clock reading, so a thread that lost the CPU
+    between the lease check and that reading never opens a tick begun after the deadline (the
+    lease benchmark once counted 181 IDs past their process's own deadline, by its monotonic
+    clock, at load 15; the database's lease still covered them, by its safety margin)."""
+    allocator = FakeAllocator([6])
+    clock = _DeadlinePassesDuringRead(T0, allocator)
+    generator = SnowflakeGenerator(allocator=allocator, clock=clock)
+    issued = [generator.next_id()]
+    clock.advance(1)
+    # The next call reads the clock on its lock-free path (the old tick's window: no), then
+    # checks the lease under the lock and reads the clock again: the deadline passes there.
+    clock.passing_read = clock.reads + 2
+    with pytest.raises(LeaseExpiredError):
+        generator.next_id()
+    assert clock.reads >= clock.passing_read
+    allocator.leases[0].valid_until = time.monotonic() + 60  # renewed
+    issued.append(generator.next_id())
+    assert_strictly_increasing(issued)
+    assert decode(issued[-1]).timestamp_ms == T0 + 1
+
+
 def test_lost_lease_is_replaced_and_ids_keep_increasing() -> None:
     clock = FakeClock(T0)
     allocator = FakeAllocator([900, 3])  # the new slot has a lower worker ID
