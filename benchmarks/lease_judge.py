@@ -264,6 +264,8 @@ class LeaseCheck:
     outside_locally: int = 0  # uncovered by the process's own applied leases (no clock compared)
     first_outside: tuple[int, int] | None = None  # (worker ID, stamp ms)
     first_outside_locally: tuple[int, int] | None = None
+    #: where that first one's tick lay between the leases the process had applied
+    first_outside_locally_gap: str = ""
     last_before_deadline: dict[int, int] = field(default_factory=dict)
 
     def describe(self, index: int) -> list[str]:
@@ -279,7 +281,8 @@ class LeaseCheck:
             worker, stamp = self.first_outside_locally or (-1, 0)
             notes.append(
                 f"process {index}: {self.outside_locally} IDs stamped outside the leases it had "
-                f"applied, by its own monotonic clock (first: worker {worker} at {stamp} ms)"
+                f"applied, by its own monotonic clock (first: worker {worker} at {stamp} ms; "
+                f"{self.first_outside_locally_gap})"
             )
         return notes
 
@@ -334,8 +337,29 @@ def check_ids(
         check.within_offset += within_offset
         if outside_locally:
             check.outside_locally += 1
-            check.first_outside_locally = check.first_outside_locally or (worker_id, stamp)
+            if check.first_outside_locally is None:
+                check.first_outside_locally = (worker_id, stamp)
+                start_ns = stamp * 1_000_000 - clock_offset_ns
+                check.first_outside_locally_gap = describe_gap(
+                    local.get(worker_id, []), start_ns,
+                    start_ns + DEFAULT_LAYOUT.tick_ms * 1_000_000)
     return check
+
+
+def describe_gap(intervals: list[tuple[int, int]], start: int, end: int) -> str:
+    """Where ``[start, end)`` (ns) lies between the merged, sorted ``intervals``: how long after
+    the end of the one before it began, how long before the next one it ended."""
+    index = bisect.bisect_left(intervals, (end, -math.inf)) - 1
+    parts = []
+    if index >= 0:
+        parts.append(f"its tick began {(start - intervals[index][1]) / 1e6:.3f} ms after the "
+                     "deadline of the lease applied before it")
+    else:
+        parts.append("no lease was applied before its tick")
+    if index + 1 < len(intervals):
+        parts.append(f"ended {(intervals[index + 1][0] - end) / 1e6:.3f} ms before the next "
+                     "was applied")
+    return ", ".join(parts)
 
 
 def _judge(
