@@ -877,8 +877,8 @@ END"""
         The chunk is read in ``_COPY_PARTS`` parts, each inserted on the target while the
         next is read on the source by a second thread (each session used by one thread at a
         time), as a dump piped into a load overlaps the two: reading the whole chunk, then
-        inserting it, took about twice as long. The target commits the chunk and its progress
-        in one transaction.
+        inserting it, took 10-25% longer (docs/design/shard-moves.md). The target commits the
+        chunk and its progress in one transaction.
         """
         part_rows = -(-self.chunk_rows // _COPY_PARTS)
         for table in tables:
