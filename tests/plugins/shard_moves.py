@@ -565,7 +565,9 @@ class MapWriter:
             self.acked.pop(oid, None)
             time.sleep(0.05)
             return
-        assert affected == rows, (kind_, oid, affected)
+        assert affected == rows, (kind_, oid, affected, [  # each try: where, when, answered
+            (a.target, round(a.began, 3), round(a.ended, 3), a.answered, a.refused_by)
+            for a in self.attempts.recorded if a.oid == oid], router.version)
         self.ops += 1
         self.kinds[kind_] = self.kinds.get(kind_, 0) + 1
         if after is None:

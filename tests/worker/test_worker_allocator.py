@@ -263,7 +263,10 @@ def test_custom_table_names_and_missing_tables(any_db: ScratchDatabase) -> None:
 
 def test_permanent_reservation(any_db: ScratchDatabase) -> None:
     layout = Layout(worker_bits=1)
-    with allocator(any_db) as alloc:
+    # A 30 s lease: the held slot must still be held at the next acquire (its expiry is set by
+    # expire_lease where the test wants one). A 2 s lease lapsed between the two calls once,
+    # beside a second suite at load 26, and the next acquire rightly took the slot.
+    with allocator(any_db, lease_seconds=30) as alloc:
         reserved = alloc.reserve_worker_id("postgres id function", layout=layout)
         assert reserved == 1  # the highest free slot
         lease = alloc.acquire(layout=layout, clock=MonotonicClock())
