@@ -915,15 +915,14 @@ END"""
         return 0
 
     def _read_part(self, s: Any, table: _Table, after: int | None, limit: int
-                   ) -> list[tuple[int, str | None]]:
+                   ) -> list[tuple[Any, ...]]:
         """Up to ``limit`` rows of the shard in ``table`` with an ID above ``after``, in ID
         order: (ID, the row as the server's literal)."""
         where = "" if after is None else f"{table.id} > %s AND "
-        return [(int(row_id), literal) for row_id, literal in _rows(
-            s, f"""SET STATEMENT time_zone = '{_UTC}' FOR
+        return _rows(s, f"""SET STATEMENT time_zone = '{_UTC}' FOR
             SELECT {table.id}, {table.row_literal()} FROM {table.sql}
             WHERE {where}{self._in_shard(table)} ORDER BY {table.id} LIMIT %s""",
-            ((after,) if after is not None else ()) + (limit,))]
+                     ((after,) if after is not None else ()) + (limit,))
 
     def _insert(self, t: Any, table: _Table, literals: Sequence[str | None]) -> None:
         """INSERT rows given as the server's literals, in statements of at most 4 MiB."""
