@@ -806,6 +806,19 @@ frozen_writer_main(sys.argv[1:])
 """
 
 
+def open_across_a_freeze(moves: Kind, url: str, *, attempts: int = 3) -> Any:
+    """``moves.open(url)``, connecting again after a failed connect (bounded): a SIGSTOP that
+    lands while the driver connects keeps the process stopped past the driver's wall-clock
+    connect deadline, so the connect fails the moment it runs again. Nothing was sent on it:
+    connecting again is what a real writer's pool does, and cannot write anything twice."""
+    for attempt in range(1, attempts):
+        try:
+            return moves.open(url)
+        except Exception as error:
+            print(json.dumps({"reconnect": repr(error), "attempt": attempt}), flush=True)
+    return moves.open(url)
+
+
 def frozen_writer_main(argv: list[str]) -> None:
     """In a subprocess: a leased writer that routes inserts (most on :data:`SHARD`) by the
     map, retried after a fence's refusal, and prints a JSON line per acknowledged write until
@@ -836,8 +849,12 @@ def frozen_writer_main(argv: list[str]) -> None:
 
         def work(oid: int = oid) -> str:
             target = router.target_of_shard(oid & MASK)
-            moves.write(urls[target], "INSERT INTO orders (id, customer_id, total_cents) "
+            connection = open_across_a_freeze(moves, urls[target])
+            try:
+                moves.run(connection, "INSERT INTO orders (id, customer_id, total_cents) "
                                       "VALUES (%s, 7, 7)", (oid,))
+            finally:
+                connection.close()
             return target
 
         def refresh(refused: list[int] = refused) -> int:
