@@ -187,25 +187,34 @@ def atomic_with_retry(
     ``using`` is an alias, or a function returning one, called before each attempt so that it
     routes by the refreshed map (``lambda: Order.objects.alias_for(customer)``...); ``None``
     leaves the transactions to ``work``. Between attempts the router (default:
-    :func:`get_shard_router`) is refreshed when it follows the control database's map.
+    :func:`get_shard_router`) is refreshed when it follows the control database's map. Before
+    the commit, the shards the attempt routed are confirmed
+    (:meth:`~snowflake_db.sharding.RoutedShards.confirm`): one that moved meanwhile rolls the
+    attempt back and runs it again, so an ``update()`` or ``delete()`` that reached the old
+    target after the move deleted its rows there is not lost with 0 rows (not done when
+    ``using`` is ``None``: the commit is ``work``'s).
     Bounded by ``attempts`` and ``timeout_s``
     (:func:`snowflake_db.sharding.moved.retry_shard_moved`). Refused inside an atomic block:
     the outer transaction is already lost when the fence refuses, so only it could retry.
     """
 
-    def attempt() -> _T:
-        alias = using() if callable(using) else using
-        if alias is None:
-            return work()
-        if transaction.get_connection(alias).in_atomic_block:
-            raise ShardingError(
-                f"atomic_with_retry() runs its own transaction: call it outside any atomic "
-                f"block on {alias!r} (a refused write aborts the outer transaction)"
-            )
-        with transaction.atomic(using=alias):
-            return work()
-
     chosen = router if router is not None else get_shard_router()
+
+    def attempt() -> _T:
+        with chosen.recording_routes() as routes:
+            alias = using() if callable(using) else using
+            if alias is None:
+                return work()
+            if transaction.get_connection(alias).in_atomic_block:
+                raise ShardingError(
+                    f"atomic_with_retry() runs its own transaction: call it outside any atomic "
+                    f"block on {alias!r} (a refused write aborts the outer transaction)"
+                )
+            with transaction.atomic(using=alias):
+                result = work()
+                routes.confirm()
+            return result
+
     refresh = getattr(chosen, "refresh", None)
     return retry_shard_moved(attempt, refresh=refresh, attempts=attempts, timeout_s=timeout_s)
 

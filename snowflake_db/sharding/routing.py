@@ -47,7 +47,8 @@ import os
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -60,6 +61,7 @@ from ..errors import (
     InvalidArgumentTypeError,
     InvalidIdError,
     ShardingError,
+    ShardMovedError,
     UnknownShardError,
 )
 from ..generator import SnowflakeGenerator
@@ -152,6 +154,30 @@ class FanOut(NamedTuple):
     keep: dict[str, tuple[int, ...]]
     mapping: dict[int, str]
     mask: int
+
+
+class RoutedShards:
+    """The logical shards a transaction routed (in the thread that opened the record, see
+    :meth:`ShardRouter.recording_routes`) and the target each was first given.
+
+    :meth:`confirm`, called after the transaction's last statement and before its commit,
+    refuses it with :class:`~snowflake_db.errors.ShardMovedError` when one of those shards has
+    moved since: an ``UPDATE`` or ``DELETE`` by ID sent to the old target after a move deleted
+    its rows there matches nothing, and no fence can refuse a statement that touches no row.
+    """
+
+    def __init__(self, router: ShardRouter, lease: tuple[str, int] | None) -> None:
+        self.router = router
+        #: the process's lease (token, lapses) when the record opened; ``None``: none held
+        self.lease = lease
+        #: ``{logical_shard: target}`` as first routed inside the record
+        self.targets: dict[int, str] = {}
+
+    def confirm(self) -> None:
+        """Raise :class:`~snowflake_db.errors.ShardMovedError` if a shard routed inside the
+        record is no longer on the target it was given (see
+        :meth:`ControlledShardRouter.recording_routes` for what is read)."""
+        self.router._confirm_routes(self)
 
 
 class ShardRouter:
@@ -308,6 +334,15 @@ class ShardRouter:
         """A read routed by this router found nothing: whether the mapping changed since, so
         the read is worth running once more. A fixed mapping never changes: ``False``."""
         return False
+
+    @contextmanager
+    def recording_routes(self) -> Iterator[RoutedShards]:
+        """A record of the shards routed inside the block, to :meth:`RoutedShards.confirm`
+        before the commit. A fixed mapping never changes: nothing to confirm."""
+        yield RoutedShards(self, None)
+
+    def _confirm_routes(self, routes: RoutedShards) -> None:
+        """A fixed mapping never changes: every route stands."""
 
     def _check_shard(self, shard: object) -> int:
         if isinstance(shard, bool) or not isinstance(shard, int):
@@ -593,6 +628,8 @@ class ControlledShardRouter(ShardRouter):
         self._checked_from = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: per thread: the open :class:`RoutedShards` records (``stack``)
+        self._recording = threading.local()
 
     # -- what the base class reads ---------------------------------------------------------
 
@@ -657,7 +694,10 @@ class ControlledShardRouter(ShardRouter):
         shard_map = self._snapshot.map
         if shard_map is not None and shard_map.rows[shard].state != "serving":
             self._check_since(monotonic())
-        return self._snapshot.mapping[shard]
+        target = self._snapshot.mapping[shard]
+        for routes in getattr(self._recording, "stack", ()):
+            routes.targets.setdefault(shard, target)
+        return target
 
     def _check_since(self, since: float) -> None:
         """Make sure a check that began at ``since`` or later has finished: run one, or take the
@@ -750,11 +790,73 @@ class ControlledShardRouter(ShardRouter):
         self._snapshot = _Snapshot(mapping, targets, shard_map)
         logger.info("snowflake_db: routing with shard map version %d", shard_map.version)
 
+    # -- confirming a transaction's routes before its commit ----------------------------------
+
+    @contextmanager
+    def recording_routes(self) -> Iterator[RoutedShards]:
+        """Record the shards this thread routes inside the block (by ID, key, shard or fan-out)
+        and the target each was first given; :meth:`RoutedShards.confirm` before the commit
+        raises :class:`~snowflake_db.errors.ShardMovedError` if one has moved since, so the
+        retry helpers roll back and run the transaction again on the new target.
+
+        What confirming reads: a move deletes the source's rows only after its barrier, which
+        waits until every live lease has reported the flipped map, and this router reports a
+        version only after it routes with it. So while this process's table lease (on this
+        control database, reported under by this router) stayed valid without a lapse from
+        the record's start to the confirmation, the router's current map is enough: no round
+        trip. Otherwise (no lease, a lapse, another lease) it checks the control database's
+        map first, and a failed check is raised: a route that cannot be confirmed is not
+        committed.
+        """
+        routes = RoutedShards(self, self._lease_stamp())
+        stack: list[RoutedShards] | None = getattr(self._recording, "stack", None)
+        if stack is None:
+            stack = self._recording.stack = []
+        stack.append(routes)
+        try:
+            yield routes
+        finally:
+            stack.remove(routes)
+
+    def _confirm_routes(self, routes: RoutedShards) -> None:
+        if not routes.targets:
+            return
+        if routes.lease is None or self._lease_stamp() != routes.lease:
+            self._check(force=True)
+        snapshot = self._snapshot
+        for shard, target in sorted(routes.targets.items()):
+            now = snapshot.mapping[shard]
+            if now != target:
+                version = snapshot.map.version if snapshot.map is not None else "?"
+                raise ShardMovedError(
+                    f"logical shard {shard} moved from {target} to {now} (map version "
+                    f"{version}) while this transaction ran on {target}: an UPDATE or DELETE "
+                    f"there may have matched rows no longer there; roll back and run it again",
+                    shard=shard, target=now,
+                )
+
+    def _lease_stamp(self) -> tuple[str, int] | None:
+        """``(token, lapses)`` of this process's table lease while it is valid here and this
+        router has reported under it; ``None`` otherwise. Equal stamps at a record's start and
+        at its confirmation mean the lease stayed valid throughout (a renewal after its local
+        deadline passed counts a lapse: the barrier may have stopped waiting for it)."""
+        lease = self._held_lease()
+        reported = self._reported
+        if lease is None or reported is None or reported[1] != lease.token:
+            return None
+        lapses = getattr(lease, "lapses", None)
+        valid_until = getattr(lease, "valid_until", None)
+        if not isinstance(lapses, int) or not isinstance(valid_until, (int, float)):
+            return None
+        if monotonic() >= valid_until:
+            return None
+        return lease.token, lapses
+
     # -- reporting the version under the process's lease -----------------------------------
 
-    def _lease(self) -> tuple[int, str] | None:
-        """The worker ID and token of this process's held table lease (duck-typed: the worker
-        package needs SQLAlchemy, which routing does not import)."""
+    def _held_lease(self) -> Any:
+        """This process's held table lease, or ``None`` (duck-typed: the worker package needs
+        SQLAlchemy, which routing does not import)."""
         generator = self._generator if self._generator is not None else current_generator()
         lease = generator.lease if generator is not None else None
         token = getattr(lease, "token", None)
@@ -762,7 +864,12 @@ class ControlledShardRouter(ShardRouter):
             return None
         if getattr(lease, "pid", None) != os.getpid():
             return None
-        return lease.worker_id, token
+        return lease
+
+    def _lease(self) -> tuple[int, str] | None:
+        """The worker ID and token of this process's held table lease."""
+        lease = self._held_lease()
+        return None if lease is None else (lease.worker_id, lease.token)
 
     def _report(self, version: int) -> None:
         """Write the version routed with under this process's lease, once per change."""
@@ -831,6 +938,9 @@ class ControlledShardRouter(ShardRouter):
         if shard_map is not None and any(row.state != "serving" for row in shard_map.rows.values()):
             self._check_since(monotonic())  # a moving shard: the map as of this call
         mapping = self._snapshot.mapping  # one snapshot: targets and filters agree
+        for routes in getattr(self._recording, "stack", ()):
+            for shard, target in mapping.items():
+                routes.targets.setdefault(shard, target)
         by_target: dict[str, list[int]] = {}
         for shard in sorted(mapping):
             by_target.setdefault(mapping[shard], []).append(shard)

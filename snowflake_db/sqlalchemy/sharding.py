@@ -20,6 +20,7 @@ moving shard's fence refused it (:class:`~snowflake_db.errors.ShardMovedError`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 from sqlalchemy import Column, Delete, Insert, MetaData, Table, Update, and_, inspect, select
@@ -388,15 +389,33 @@ def run_transaction(
     ``DBAPIError``) rolls it back, refreshes ``router`` (when it follows the control database's
     map) and tries again, within ``attempts`` and ``timeout_s``
     (:func:`snowflake_db.sharding.moved.retry_shard_moved`). ``work`` must be safe to run again:
-    build the objects inside it, not before.
+    build the objects inside it, not before. Before the commit the session is flushed and the
+    shards it routed are confirmed (:meth:`~snowflake_db.sharding.RoutedShards.confirm`, on
+    ``router`` or else the session's routing's): one that moved meanwhile rolls the attempt
+    back and runs it again, so an ``UPDATE`` or ``DELETE`` that reached the old target after
+    the move deleted its rows there is not lost with 0 rows.
     """
 
     def attempt() -> _T:
-        with session_factory() as session, session.begin():
-            return work(session)
+        with session_factory() as session:
+            chosen = router if router is not None else _router_of(session)
+            recording = chosen.recording_routes() if chosen is not None else nullcontext()
+            with recording as routes, session.begin():
+                result = work(session)
+                session.flush()
+                if routes is not None:
+                    routes.confirm()
+            return result
 
     refresh = getattr(router, "refresh", None) if router is not None else None
     return retry_shard_moved(attempt, refresh=refresh, attempts=attempts, timeout_s=timeout_s)
+
+
+def _router_of(session: Session) -> ShardRouter | None:
+    """The router a :func:`sharded_sessionmaker` session routes with (another session routes
+    nothing through a shard map: nothing to confirm)."""
+    routing = getattr(session, "_snowflake_routing", None)
+    return routing.router if routing is not None else None
 
 
 class TablePerShard:

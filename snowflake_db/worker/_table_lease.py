@@ -60,6 +60,10 @@ class TableLease:
         self._high_water_ms = high_water_ms
         self._issued_through_ms: int | None = None
         self._valid_until = valid_until
+        #: renewals applied after ``valid_until`` had passed here: a lease that lapsed may have
+        #: been left out of a move's barrier, though its token still renews (the shard router
+        #: confirms routes against the control database after one)
+        self.lapses = 0
         self.clock = clock
         self.pid = os.getpid()
         self.state = HELD
@@ -183,6 +187,8 @@ class TableLease:
 
     def renewed(self, *, valid_until: float, high_water_ms: int) -> None:
         """Apply a renewal the database accepted (called with ``lock`` held)."""
+        if monotonic() >= self._valid_until:
+            self.lapses += 1
         self._high_water_ms = max(self._high_water_ms, high_water_ms)
         self._valid_until = valid_until
 

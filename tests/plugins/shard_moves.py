@@ -39,7 +39,7 @@ from snowflake_db import Layout, SnowflakeGenerator
 from snowflake_db.errors import ShardMovedError, ShardMoveError
 from snowflake_db.sharding.moved import retry_shard_moved, shard_moved_error
 from snowflake_db.sharding.moves import Leftovers, MovedTable, ShardMover, wait_until
-from snowflake_db.sharding.routing import ControlledShardRouter
+from snowflake_db.sharding.routing import ControlledShardRouter, RoutedShards
 from snowflake_db.sharding.shard_map import (
     add_target,
     create_shard_map_tables,
@@ -489,12 +489,30 @@ def choose_write(kinds: frozenset[str], rng: random.Random, acked: dict[int, str
     return new_id, "insert", status, 1, f"INSERT {values}", (new_id, status)
 
 
+def confirmed_write(moves: Kind, connection: Any, routes: RoutedShards, query: str,
+                    params: tuple[Any, ...]) -> int:
+    """One statement in its own transaction, committed only once ``routes`` are confirmed (as
+    the retry helpers do): a statement routed before a flip and run after the move deleted the
+    source's rows matches nothing there, and only the confirmation refuses it."""
+    moves.run(connection, "BEGIN", ())
+    try:
+        affected = moves.run(connection, query, params)
+        routes.confirm()
+    except BaseException:
+        with suppress(Exception):  # a server down: nothing to roll back
+            moves.run(connection, "ROLLBACK", ())
+        raise
+    moves.run(connection, "COMMIT", ())
+    return affected
+
+
 @dataclass
 class MapWriter:
     """Writes orders (most on :data:`SHARD`) through a map-following router, each write one
-    autocommit statement on the writer's connection to its target (:meth:`Kind.open`, kept
-    as a pool keeps it, opened again after a failure), retried by
-    :func:`retry_shard_moved` after a fence's refusal; every kind of write the backend has
+    statement in a transaction on the writer's connection to its target (:meth:`Kind.open`,
+    kept as a pool keeps it, opened again after a failure) committed once its route is
+    confirmed (:func:`confirmed_write`), retried by :func:`retry_shard_moved` after a fence's
+    or the confirmation's refusal; every kind of write the backend has
     (:func:`choose_write`). Each acknowledged write's affected-row count is checked (a row
     missing where the map routes shows there); a write whose connection failed is in doubt."""
 
@@ -548,9 +566,11 @@ class MapWriter:
             moves.write_kinds, rng, self.acked, generator.next_id_in_shard(shard), status)
 
         def work() -> int:
-            target = router.target_of_shard(oid & MASK)
-            return self.attempts.run(
-                oid, target, lambda: moves.run(self._connection(target), query, params))
+            with router.recording_routes() as routes:
+                target = router.target_of_shard(oid & MASK)
+                return self.attempts.run(
+                    oid, target, lambda: confirmed_write(moves, self._connection(target), routes,
+                                                         query, params))
 
         def refresh() -> int:
             self.refused += 1
@@ -821,7 +841,8 @@ def open_across_a_freeze(moves: Kind, url: str, *, attempts: int = 3) -> Any:
 
 def frozen_writer_main(argv: list[str]) -> None:
     """In a subprocess: a leased writer that routes inserts (most on :data:`SHARD`) by the
-    map, retried after a fence's refusal, and prints a JSON line per acknowledged write until
+    map, each committed once its route is confirmed (:func:`confirmed_write`), retried after a
+    refusal, and prints a JSON line per acknowledged write until
     ``stop_file`` exists (argv: backend, control URL, URL of a, URL of b, stop file)."""
     import snowflake_db
     from snowflake_db.worker import TableWorkerAllocator
@@ -848,13 +869,15 @@ def frozen_writer_main(argv: list[str]) -> None:
         refused: list[int] = []
 
         def work(oid: int = oid) -> str:
-            target = router.target_of_shard(oid & MASK)
-            connection = open_across_a_freeze(moves, urls[target])
-            try:
-                moves.run(connection, "INSERT INTO orders (id, customer_id, total_cents) "
-                                      "VALUES (%s, 7, 7)", (oid,))
-            finally:
-                connection.close()
+            with router.recording_routes() as routes:
+                target = router.target_of_shard(oid & MASK)
+                connection = open_across_a_freeze(moves, urls[target])
+                try:
+                    confirmed_write(moves, connection, routes,
+                                    "INSERT INTO orders (id, customer_id, total_cents) "
+                                    "VALUES (%s, 7, 7)", (oid,))
+                finally:
+                    connection.close()
             return target
 
         def refresh(refused: list[int] = refused) -> int:

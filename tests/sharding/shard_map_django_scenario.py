@@ -28,6 +28,7 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import DatabaseError, connections  # noqa: E402
+from django.db.models import F  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 from sqlalchemy import Engine, MetaData, create_engine, inspect, text  # noqa: E402
 from sqlalchemy.exc import IntegrityError  # noqa: E402
@@ -174,6 +175,51 @@ def test_a_fenced_write_is_retried_on_the_new_target(control: Engine) -> None:
     assert aliases == [source, NEW]
     assert order._state.db == NEW and Order.objects.using(NEW).filter(pk=order.pk).exists()
     assert not Order.objects.using(source).filter(customer_id=customer.pk).exists()
+
+
+def test_an_update_that_reached_the_old_alias_after_its_rows_left_runs_again(
+    control: Engine,
+) -> None:
+    """A whole move (copy, flip, the barrier, the source's rows deleted) between the routing of
+    ``atomic_with_retry`` and its ``update()``: on the old alias the update matches nothing, and
+    no fence refuses a statement that touches no row. The attempt's routes are confirmed before
+    the commit (this process holds a lease the barrier waited for: its router's own map says
+    the shard moved), so it is rolled back and runs on the new alias."""
+    router = _router()
+    source = ALIASES[0]
+    customer = _customer_on(source)
+    order = Order.objects.create(customer_id=customer.pk, total_cents=1)
+    tries: list[tuple[str, int]] = []
+    aliases: list[str] = []
+
+    def using() -> str:
+        aliases.append(router.target_for_id(order.pk))
+        if len(aliases) == 1:  # routed: now the whole move runs, before the statement
+            move()
+            version = flip_shard(control, router.shard_for_key(customer.pk), NEW)
+            router.refresh()  # what its background check does before the barrier passes
+            assert barrier_passed(control, version)
+        return aliases[-1]
+
+    def move() -> None:
+        """The mover's doing, on its own connections (not this transaction's)."""
+        _copy_customer(customer, NEW)
+        Order(pk=order.pk, customer_id=customer.pk, total_cents=1).save(using=NEW,
+                                                                        force_insert=True)
+        engine = create_engine(sqlalchemy_url(source))
+        with engine.begin() as connection:
+            connection.execute(text("DELETE FROM shop_order WHERE id = :id"), {"id": order.pk})
+        engine.dispose()
+
+    def work() -> int:
+        updated = Order.objects.using(aliases[-1]).filter(pk=order.pk).update(
+            total_cents=F("total_cents") + 10)
+        tries.append((aliases[-1], updated))
+        return int(updated)
+
+    assert atomic_with_retry(work, using=using) == 1
+    assert tries == [(source, 0), (NEW, 1)]
+    assert Order.objects.using(NEW).get(pk=order.pk).total_cents == 11
 
 
 def test_fan_out_reads_count_a_moved_shard_once(control: Engine) -> None:

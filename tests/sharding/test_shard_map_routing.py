@@ -47,7 +47,7 @@ def test_django_routes_by_the_shard_map(
 ) -> None:
     databases = [database_factory(backend) for _ in range(4)]
     if backend == "postgresql":
-        run_scenario(databases, deselect=(), expected={"passed": 6})
+        run_scenario(databases, deselect=(), expected={"passed": 7})
     else:
         run_scenario(databases, deselect=(POSTGRESQL_ONLY,),
-                     expected={"passed": 5, "deselected": 1})
+                     expected={"passed": 6, "deselected": 1})

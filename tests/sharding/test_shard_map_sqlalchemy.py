@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-from sqlalchemy import MetaData, insert, select, text
+from sqlalchemy import MetaData, insert, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.horizontal_shard import ShardedSession
@@ -20,6 +20,7 @@ from snowflake_db.errors import ShardingError, ShardMovedError
 from snowflake_db.sharding import ControlledShardRouter, ShardRouter
 from snowflake_db.sharding.moved import retry_shard_moved, shard_moved_error
 from snowflake_db.sharding.shard_map import (
+    VERSION_TABLE,
     add_target,
     create_shard_map_tables,
     flip_shard,
@@ -189,6 +190,76 @@ def test_run_transaction_retries_on_the_new_target_after_the_flip(pg_shop: Shop)
     order_id = run_transaction(shop.factory, work, router=shop.router)
     assert targets_tried == [source, "s2"]
     assert where_is(shop, order_id) == ["s2"]
+
+
+def move_order_rows(shop: Shop, customer: Customer, order_id: int, source: str) -> None:
+    """What a finished move leaves: the customer and the order on s2 only, the map flipped."""
+    copy_customer(shop, customer, "s2")
+    with shop.engines[source].connect() as connection:
+        row = connection.execute(select(Order.__table__).where(Order.id == order_id)).one()
+    with shop.engines["s2"].begin() as connection:
+        connection.execute(insert(Order.__table__).values(**row._mapping))
+    with shop.engines[source].begin() as connection:
+        connection.execute(text("DELETE FROM shop_order WHERE id = :id"), {"id": order_id})
+    flip_shard(shop.control, shop.router.shard_for_key(customer.id), "s2")
+
+
+def test_an_update_that_reached_the_old_target_after_its_rows_left_runs_again(shop: Shop) -> None:
+    """An UPDATE routed with the map of before a move's flip, run on the source after the move
+    deleted the shard's rows there, matches nothing: no fence can refuse it. ``run_transaction``
+    confirms the routes before the commit, so it is rolled back and run on the new target."""
+    with shop.factory() as session, session.begin():
+        customer = Customer(name="c")
+        session.add(customer)
+        session.flush()
+        order = Order(customer_id=customer.id, total_cents=1)
+        session.add(order)
+    source = shop.router.target_of_shard(shop.router.shard_for_key(customer.id))
+    move_order_rows(shop, customer, order.id, source)  # the router has not looked since
+    tries: list[tuple[str, int]] = []
+
+    def work(session: Session) -> int:
+        result = session.execute(update(Order).where(Order.id == order.id)
+                                 .values(total_cents=Order.total_cents + 10))
+        tries.append((shop.router.target_for_id(order.id), result.rowcount))  # type: ignore[attr-defined]
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
+    assert run_transaction(shop.factory, work, router=shop.router) == 1
+    assert tries == [(source, 0), ("s2", 1)]
+    with shop.engines["s2"].connect() as connection:
+        assert connection.execute(select(Order.total_cents).where(Order.id == order.id)
+                                  ).scalar_one() == 11
+    # Without a router given, the session's own routing is confirmed just the same.
+    tries.clear()
+    assert run_transaction(shop.factory, work) == 1
+    assert tries == [("s2", 1)]
+
+
+def test_routes_are_confirmed_against_the_control_database_without_a_lease(shop: Shop) -> None:
+    """The process holds no lease (no barrier waits for it), so confirming reads the control
+    database's map: a flip the router has not seen refuses the transaction, and a check that
+    fails is raised (a route that cannot be confirmed is never committed)."""
+    shard = 3
+    source = shop.router.target_of_shard(shard)
+    with shop.router.recording_routes() as routes:
+        assert shop.router.target_of_shard(shard) == source
+        routes.confirm()  # the map has not changed
+        assert routes.targets == {shard: source}
+        with shop.control.begin() as connection:  # the control database's map unreadable
+            connection.exec_driver_sql(f"ALTER TABLE {VERSION_TABLE} RENAME TO sfdb_hidden")
+        try:
+            with pytest.raises(DBAPIError, match=f"{VERSION_TABLE}"):
+                routes.confirm()
+        finally:
+            with shop.control.begin() as connection:
+                connection.exec_driver_sql(f"ALTER TABLE sfdb_hidden RENAME TO {VERSION_TABLE}")
+        flip_shard(shop.control, shard, "s2")
+        with pytest.raises(ShardMovedError, match=rf"logical shard {shard} moved from {source} "
+                           rf"to s2 \(map version 2\) while this transaction ran on {source}"):
+            routes.confirm()
+    with shop.router.recording_routes() as routes:
+        pass
+    routes.confirm()  # nothing routed: nothing to confirm
 
 
 def test_retrying_ends_with_a_clear_error_while_the_fence_stays(pg_shop: Shop) -> None:
