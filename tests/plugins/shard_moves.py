@@ -841,8 +841,7 @@ def open_across_a_freeze(moves: Kind, url: str, *, attempts: int = 3) -> Any:
 
 def frozen_writer_main(argv: list[str]) -> None:
     """In a subprocess: a leased writer that routes inserts (most on :data:`SHARD`) by the
-    map, each committed once its route is confirmed (:func:`confirmed_write`), retried after a
-    refusal, and prints a JSON line per acknowledged write until
+    map, retried after a fence's refusal, and prints a JSON line per acknowledged write until
     ``stop_file`` exists (argv: backend, control URL, URL of a, URL of b, stop file)."""
     import snowflake_db
     from snowflake_db.worker import TableWorkerAllocator
@@ -869,15 +868,16 @@ def frozen_writer_main(argv: list[str]) -> None:
         refused: list[int] = []
 
         def work(oid: int = oid) -> str:
-            with router.recording_routes() as routes:
-                target = router.target_of_shard(oid & MASK)
-                connection = open_across_a_freeze(moves, urls[target])
-                try:
-                    confirmed_write(moves, connection, routes,
-                                    "INSERT INTO orders (id, customer_id, total_cents) "
-                                    "VALUES (%s, 7, 7)", (oid,))
-                finally:
-                    connection.close()
+            # Autocommit inserts (the fence refuses them on the old target, no confirmation
+            # needed): a freeze inside a transaction would hold it open on the source, and a
+            # move's capture waits for every open write transaction there (its step says so).
+            target = router.target_of_shard(oid & MASK)
+            connection = open_across_a_freeze(moves, urls[target])
+            try:
+                moves.run(connection, "INSERT INTO orders (id, customer_id, total_cents) "
+                                      "VALUES (%s, 7, 7)", (oid,))
+            finally:
+                connection.close()
             return target
 
         def refresh(refused: list[int] = refused) -> int:

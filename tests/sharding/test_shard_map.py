@@ -14,10 +14,12 @@ from sqlalchemy import Engine, MetaData, insert, inspect, select
 from sqlalchemy.exc import IntegrityError
 
 from snowflake_db import Layout, SnowflakeGenerator
+from snowflake_db.clock import monotonic
 from snowflake_db.errors import (
     InvalidArgumentError,
     LayoutMismatchError,
     ShardingError,
+    ShardMovedError,
     UnknownShardError,
 )
 from snowflake_db.sharding import ControlledShardRouter, ShardRouter
@@ -34,6 +36,7 @@ from snowflake_db.sharding.shard_map import (
     shard_map_tables,
 )
 from snowflake_db.worker import TableWorkerAllocator, worker_tables
+from snowflake_db.worker._table_lease import TableLease
 from tests.plugins.databases import ScratchDatabase
 
 LAYOUT = Layout(sequence_bits=8, shard_bits=2)  # 4 logical shards
@@ -255,6 +258,47 @@ def test_the_barrier_waits_for_every_live_lease(control: Engine, any_db: Scratch
         second.close()
         for allocator in allocators:  # their heartbeat threads would outlive the test
             allocator.close()
+
+
+def test_a_leased_process_confirms_routes_by_its_own_map_until_its_lease_lapses(
+    control: Engine, any_db: ScratchDatabase
+) -> None:
+    """While the process's lease stays valid, confirming a transaction's routes reads the
+    router's own map (no round trip): the old copy cannot have been deleted, as the barrier
+    still waits for this lease. A lease whose local deadline passed may have been left out of
+    a barrier though its renewal still succeeds: then the control database's map is read."""
+    allocator = TableWorkerAllocator(any_db.url_string, lease_seconds=30)
+    generator = SnowflakeGenerator(allocator=allocator, layout=LAYOUT)
+    router = ShardRouter.from_control(
+        control, layout=LAYOUT, refresh_s=600, generator=generator, background=False
+    )
+    assert isinstance(router, ControlledShardRouter)
+    try:
+        worker_id = generator.ensure_worker()
+        lease = generator.lease
+        assert isinstance(lease, TableLease)
+        router.refresh()  # reported under the lease
+        with router.recording_routes() as routes:
+            source = router.target_of_shard(3)
+            version = flip_shard(control, 3, "a" if source == "b" else "b")
+            routes.confirm()  # the router's own map: the flip is not seen, nothing read
+            assert router.version == version - 1
+            assert barrier_waiting(control, version) == [worker_id]  # nothing deleted yet
+            # Frozen past its local deadline, then renewed under the same token.
+            lease._valid_until = monotonic() - 1  # the freeze, without waiting
+            lease._renewer.renew(lease)
+            assert lease.lapses == 1 and lease.token == routes.lease[0]  # type: ignore[index]
+            with pytest.raises(ShardMovedError, match=rf"logical shard 3 moved from {source}"):
+                routes.confirm()
+            assert router.version == version
+        with router.recording_routes() as routes:  # the lease, lapsed once, is the new stamp
+            router.target_of_shard(3)
+            routes.confirm()
+            assert routes.lease == (lease.token, 1)
+    finally:
+        router.close()
+        generator.close()
+        allocator.close()
 
 
 def test_fixed_routers_still_need_no_sqlalchemy() -> None:
