@@ -150,6 +150,53 @@ def test_resume_after_the_copy_with_the_subscription_dropped_copies_again(
     assert_fence_left(setup, earlier)
 
 
+def test_resume_during_the_copy_with_a_subscription_dropped_midway_copies_again(
+    setup: Setup,
+) -> None:
+    """Killed as the copy step began (its subscription not journaled), then the subscription
+    made as the mover makes it, its tables copied, and dropped by hand (its slot orphaned):
+    the shard's rows are on b, and a new subscription would copy them again into the same
+    keys. The resume finds the copy step begun and no subscription: it deletes b's rows of the
+    shard, drops the slot and copies again."""
+    preloaded = setup.all_rows("a")
+    writers = start_writers(setup)
+    events: list[MoveProgress] = []
+    try:
+        move_id = kill_mover_after(setup, SHARD, "copy", "started")
+        assert ("copy", "done") not in _journal(setup, move_id)
+        setup.pair.backend(shard=SHARD, move_id=move_id).copy()
+        _wait_copied(setup, move_id)
+        _drop_subscription_by_hand(setup, move_id)
+        stale = _shard_rows_on_b(setup, SHARD)
+        assert stale > 0
+        record = setup.mover(progress_every_s=0.2).resume(move_id, force=True,
+                                                          progress=events.append)
+        assert record.state == "done"
+    finally:
+        writers.stop()
+    detail = _recopy_detail(setup, move_id)
+    assert detail["deleted_target_rows"] == stale, detail
+    assert detail["lost"].endswith(f"and rows of shard {SHARD} in orders, order_items there, "
+                                   "copied by a subscription lost before the copy step "
+                                   "finished"), detail
+    assert f"dropped slot sfdb_move_{move_id} on the source" in detail["dropped"], detail
+    assert _steps_after_recopy(setup, move_id) == AFTER_RECOPY
+    assert_exactly_once(setup, writers, preloaded)
+    assert_fence_left(setup, move_id)
+
+
+def test_resume_of_a_copy_step_that_made_nothing_makes_its_subscription(setup: Setup) -> None:
+    """Killed as the copy step began, before its subscription: nothing was copied, so nothing
+    is lost and the resume goes on with the step (no ``recopy``)."""
+    preloaded = setup.all_rows("a")
+    move_id = kill_mover_after(setup, SHARD, "copy", "started")
+    assert setup.pair.count("target", "SELECT count(*) FROM pg_subscription") == 0
+    assert setup.mover().resume(move_id, force=True).state == "done"
+    assert RECOPY_STEP not in {step for step, _ in _journal(setup, move_id)}
+    assert_exactly_once(setup, None, preloaded)
+    assert_fence_left(setup, move_id)
+
+
 _DISABLING_KILLER = """
 import sys
 from tests.sharding.test_shard_move_resume_postgres import disabled_then_killed_main

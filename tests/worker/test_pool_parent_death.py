@@ -299,6 +299,9 @@ def test_celery_worker_killed_outright_its_pool_processes_release_and_end(
         assert _poll(lambda: all(ended(child) for child in busy), bound), (
             "pool processes outlived their parent")
         slots = {w: row.state for w, row in read_slots(database.url).items()}
+        # What the pool processes logged (they wrote to the killed worker's pipe): a release
+        # that failed says why (seen once: a slot left live on SQLite, the cause not kept).
+        logged = worker.output()
     finally:
         worker.cleanup()
-    assert len(slots) == 2 and all(state == "free" for state in slots.values()), slots
+    assert len(slots) == 2 and all(state == "free" for state in slots.values()), (slots, logged)

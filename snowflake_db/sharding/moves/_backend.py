@@ -70,11 +70,13 @@ class MoveBackend(Protocol):
         on their own). The mover polls again at once while it does work."""
         ...
 
-    def copy_lost(self) -> str | None:
-        """After the copy started: why it can no longer go on (PostgreSQL: the subscription is
-        gone from the target, a backup restored or a hand's ``DROP SUBSCRIPTION``), or
-        ``None`` while it can. The mover asks on a resume before the flip and, when lost,
-        undoes the copy and makes it again (the journal's ``recopy`` step)."""
+    def copy_lost(self, *, finished: bool = True) -> str | None:
+        """After the copy step began: why the copy can no longer go on (PostgreSQL: the
+        subscription is gone from the target, a backup restored or a hand's ``DROP
+        SUBSCRIPTION``), or ``None`` while it can. The mover asks on a resume before the flip
+        and, when lost, undoes the copy and makes it again (the journal's ``recopy`` step).
+        ``finished`` is whether the step journaled its end: if not, a copy never made is not
+        lost, only one that left rows behind."""
         ...
 
     def copy_progress(self) -> CopyProgress:

@@ -1003,7 +1003,7 @@ END"""
                      (_key_list(batch),))
         return len(pending)
 
-    def copy_lost(self) -> str | None:
+    def copy_lost(self, *, finished: bool = True) -> str | None:
         """``None``: not detected on MariaDB. A progress table lost on the target (a backup
         restored) stops the copy's next step (``advance``: "run copy first"); abort the move
         and start it again."""

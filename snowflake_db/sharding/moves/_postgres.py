@@ -239,6 +239,11 @@ class PostgresMoveBackend:
         return sql.SQL("(({} & {}) = {})").format(
             column, sql.SQL(str(self.mask)), sql.SQL(str(self.shard)))
 
+    def _has_shard_rows(self, conn: psycopg.Connection[Any], table: MovedTable) -> bool:
+        query = sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE {})").format(
+            self._table(table), self._shard_filter(table))
+        return bool(_one(conn, query))
+
     def _regclass(self, conn: psycopg.Connection[Any], table: MovedTable) -> int | None:
         quoted = ".".join(f'"{part}"' for part in table.name.split("."))
         oid = _one(conn, "SELECT to_regclass(%s)::oid", (quoted,))
@@ -365,9 +370,7 @@ class PostgresMoveBackend:
                     f"types and order must match): source {source_columns[table.name]}, target "
                     f"{columns}; run the same migrations on both"
                 )
-            query = sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE {})").format(
-                self._table(table), self._shard_filter(table))
-            if _one(t, query):
+            if self._has_shard_rows(t, table):
                 raise ShardMoveError(
                     f"check 'target rows': {table.name} {where} already has rows of shard "
                     f"{self.shard} ({table.id_column} & {self.mask} = {self.shard}); delete them "
@@ -473,14 +476,24 @@ class PostgresMoveBackend:
             self._suboid = suboid
         return suboid
 
-    def copy_lost(self) -> str | None:
-        """Target: after :meth:`copy`, whether the subscription is gone (the target restored
-        from a backup taken before the copy, or a hand's ``DROP SUBSCRIPTION``): the stream
-        cannot go on, and its slot on the source (if left) is consumed by nobody."""
+    def copy_lost(self, *, finished: bool = True) -> str | None:
+        """Target: once :meth:`copy` began, whether the subscription is gone (the target
+        restored from a backup taken before the copy, or a hand's ``DROP SUBSCRIPTION``): the
+        stream cannot go on, and its slot on the source (if left) is consumed by nobody.
+        ``finished=False`` (the step did not journal its end): lost only if the target holds
+        rows of the shard, which a subscription lost midway copied (a new one would copy
+        them into the same keys); none, and the step just makes its subscription."""
         with self._target.session() as t:
             if self._subscription_oid(t) is not None:
                 return None
-        return f"no subscription {self.name} on the target {self._target.description}"
+            copied = [table.name for table in self.tables if self._has_shard_rows(t, table)]
+        lost = f"no subscription {self.name} on the target {self._target.description}"
+        if finished:
+            return lost
+        if not copied:
+            return None
+        return (f"{lost}, and rows of shard {self.shard} in {', '.join(copied)} there, copied "
+                "by a subscription lost before the copy step finished")
 
     def copy_progress(self) -> CopyProgress:
         """Target: each table's subscription state; ``synced`` once every one is ready."""

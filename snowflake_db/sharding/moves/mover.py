@@ -13,8 +13,9 @@ row before the action, ``done`` or ``failed`` after it, database clock) under th
 lease on the move's row, renewed while it runs. The actions are idempotent and find their objects
 by name, so :meth:`ShardMover.resume` continues a move whose mover died at any point from its
 last journaled step, and :meth:`ShardMover.abort` undoes a move that has not flipped. A resume
-before the flip that finds the copy lost (PostgreSQL: the subscription gone from the target)
-undoes it and copies again from the capture step (:data:`RECOPY_STEP`). The shard
+before the flip, once the copy step has begun, that finds the copy lost (PostgreSQL: the
+subscription gone from the target) undoes it and copies again from the capture step
+(:data:`RECOPY_STEP`). The shard
 map follows the move: ``moving`` while copying, ``cutover`` once the fence is up, then the flip
 (:func:`~snowflake_db.sharding.shard_map.flip_shard`) in the same transaction as its journal
 line. After the flip only forward steps remain: the barrier (every live lease routes with the
@@ -449,8 +450,9 @@ class ShardMover:
     def resume(self, move_id: int, *, progress: Progress | None = None, force: bool = False,
                terminate_blockers: bool = False) -> MoveRecord:
         """Continue a move from its last journaled step (an abort that was under way goes on
-        aborting). Before the flip, a copy found lost (PostgreSQL: the subscription gone from
-        the target) is undone and made again (:data:`RECOPY_STEP`). Refused while another
+        aborting). Before the flip, once the copy step has begun (done or not), a copy found lost
+        (PostgreSQL: the subscription gone from the target) is undone and made again
+        (:data:`RECOPY_STEP`). Refused while another
         mover holds the move's lease, unless ``force``."""
         record = read_move(self.engine, self.map_tables, move_id)
         if record.state in ENDED_STATES:
@@ -598,10 +600,12 @@ class ShardMover:
         step = _FORWARD_NAMES[min(start, len(_FORWARD_NAMES) - 1)]
         try:
             with LeaseKeeper(journal), ExitStack() as sessions:
-                # A resume after the copy began and before the flip: is the copy still there?
-                # After the flip the target is the shard's home: nothing is copied again.
-                if resumed and start > _COPY_INDEX and not record.flipped:
-                    run.lost = backend.copy_lost()
+                # A resume after the copy step began and before the flip: is the copy still
+                # there? Also when the step did not finish: a subscription it made and lost
+                # may have copied rows a new one would copy again into the same keys. After
+                # the flip the target is the shard's home: nothing is copied again.
+                if resumed and start >= _COPY_INDEX and not record.flipped:
+                    run.lost = backend.copy_lost(finished=start > _COPY_INDEX)
                     if run.lost is not None:
                         step = RECOPY_STEP
                         run.step(RECOPY_STEP, "capturing")
