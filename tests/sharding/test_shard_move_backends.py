@@ -11,12 +11,16 @@ and change nothing on them but their own scratch databases: no move starts.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pymysql
 import pytest
@@ -27,6 +31,7 @@ from snowflake_db.cli import main
 from snowflake_db.errors import (
     FenceBlockedError,
     InvalidArgumentError,
+    MoveServerUnreachableError,
     ShardMoveError,
     VerificationMismatchError,
 )
@@ -217,6 +222,66 @@ def test_mariadb_endpoints_refused_or_unreachable_say_which_and_why(
         assert cursor.fetchone() == (mariadb_db.name,)
     with engine.connect() as connection:  # the pooled connection went back transactional
         assert connection.exec_driver_sql("SELECT @@autocommit").scalar() == 0
+
+
+class SilentServer:
+    """A loopback port that accepts connections and never says a word (a server too busy to
+    start a session); counts the connections made to it."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        with suppress(OSError):  # closed by close()
+            while True:
+                self.accepted.append(self.listener.accept()[0])
+
+    def close(self) -> None:
+        self.listener.close()
+        for connection in self.accepted:
+            connection.close()
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_a_connect_that_times_out_is_made_again_then_names_the_server(
+    backend: str, monkeypatch: pytest.MonkeyPatch,
+    database_factory: Callable[[str], ScratchDatabase],
+) -> None:
+    """A session a server does not start within the timeout: connected again, three connects
+    in all, then one clear error; a refused connect is not repeated."""
+    from snowflake_db.sharding.moves import _connections
+
+    monkeypatch.setattr(_connections, "CONNECT_TIMEOUT_S", 2)  # libpq's least
+    mariadb_url = database_factory("mariadb").url_string if backend == "mariadb" else ""
+    silent = SilentServer()
+    try:
+        where = f"127.0.0.1:{silent.port}"
+        if backend == "postgresql":
+            connector: Any = _connections.Connector(
+                f"host=127.0.0.1 port={silent.port} dbname=shop user=postgres", "target")
+        else:
+            connector = MariaDBConnector(f"mysql+pymysql://root@{where}/shop", "target")
+        with pytest.raises(MoveServerUnreachableError,
+                           match=rf"^cannot connect to the target {where}/shop: .*time"), \
+                connector.session():
+            pass
+        assert len(silent.accepted) == _connections.CONNECT_ATTEMPTS == 3
+    finally:
+        silent.close()
+    if backend == "mariadb":  # the greeting's bound is not the session's: a long read passes
+        with MariaDBConnector(mariadb_url, "target").session() as conn, conn.cursor() as cursor:
+            cursor.execute("SELECT SLEEP(3)")
+            assert cursor.fetchone() == (0,)
+    closed = silent.port  # nothing listens there any more: refused at once, once
+    refused = (_connections.Connector(f"host=127.0.0.1 port={closed} dbname=shop", "target")
+               if backend == "postgresql" else
+               MariaDBConnector(f"mysql+pymysql://root@127.0.0.1:{closed}/shop", "target"))
+    with pytest.raises(MoveServerUnreachableError, match="refused"), refused.session():
+        pass
 
 
 # -- maps holding PostgreSQL and MariaDB targets --------------------------------------------------

@@ -7,7 +7,8 @@ string or URI, a SQLAlchemy ``Engine`` (psycopg driver) or an open psycopg conne
 (:class:`MariaDBConnector`, the one MariaDB connector: both the MariaDB backend and the mover
 use it). Each step opens a session, runs in autocommit mode (its transactions are explicit)
 and gives the connection back; a connect waits at most :data:`CONNECT_TIMEOUT_S`; a server
-that does not answer is a :class:`~snowflake_db.errors.MoveServerUnreachableError` naming it;
+that does not answer is a :class:`~snowflake_db.errors.MoveServerUnreachableError` naming it
+(a connect that timed out is made again first, :data:`CONNECT_ATTEMPTS` in all);
 descriptions never carry a password. Each driver is imported when a connector of its backend
 is made, so a move needs only its own backend's extra.
 """
@@ -15,7 +16,7 @@ is made, so a move needs only its own backend's extra.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -39,6 +40,10 @@ else:
 
 #: Seconds the mover waits for a connection to a server that does not answer.
 CONNECT_TIMEOUT_S = 10
+#: Connects made in all when each times out (a server that refuses stops the step at once): a
+#: server on a saturated host may take longer than one timeout to start a session (seen
+#: beside two test suites on two cores), and connecting again has no side effect.
+CONNECT_ATTEMPTS = 3
 
 _C = TypeVar("_C")
 
@@ -127,6 +132,17 @@ class _Sessions(Generic[_C]):
                 if error is None and self._alive(connection):
                     raise
 
+    def _connect(self, connect: Callable[[], _C], failed: type[BaseException]) -> _C:
+        """``connect()``, made again after one that timed out (:data:`CONNECT_ATTEMPTS` in
+        all); any other failure, or the last timeout, is :meth:`_cannot_connect`."""
+        for attempt in range(1, CONNECT_ATTEMPTS + 1):
+            try:
+                return connect()
+            except failed as error:
+                if attempt == CONNECT_ATTEMPTS or not _timed_out(error):
+                    raise self._cannot_connect(error) from error
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
     def _cannot_connect(self, error: BaseException) -> MoveServerUnreachableError:
         return MoveServerUnreachableError(
             f"cannot connect to the {self.role} {self.description}: {_first_line(error)}")
@@ -198,11 +214,10 @@ class Connector(_Sessions["psycopg.Connection[Any]"]):
             yield from self._engine_session()
             return
         assert self._conninfo is not None
-        try:
-            connection = pg.connect(self._conninfo, autocommit=True,
-                                    connect_timeout=CONNECT_TIMEOUT_S)
-        except pg.OperationalError as error:
-            raise self._cannot_connect(error) from error
+        conninfo = self._conninfo
+        connection = self._connect(
+            lambda: pg.connect(conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S),
+            pg.OperationalError)
         with connection, self._named_if_lost(connection):
             yield connection
 
@@ -307,10 +322,7 @@ class MariaDBConnector(_Sessions[Any]):
                          "password": c.password, "database": _text(c.db) or None,
                          "unix_socket": c.unix_socket, "charset": MARIADB_CHARSET,
                          "connect_timeout": CONNECT_TIMEOUT_S, "autocommit": True}
-        try:
-            return pymysql.connect(**arguments)
-        except pymysql.MySQLError as error:
-            raise self._cannot_connect(error) from error
+        return self._connect(lambda: _pymysql_connect(arguments), pymysql.MySQLError)
 
     @contextmanager
     def _open(self) -> Iterator[Any]:
@@ -324,11 +336,9 @@ class MariaDBConnector(_Sessions[Any]):
         if self._engine is not None:
             yield from self._engine_session()
             return
-        assert self._arguments is not None
-        try:
-            connection = pymysql.connect(**self._arguments)
-        except pymysql.MySQLError as error:
-            raise self._cannot_connect(error) from error
+        arguments = self._arguments
+        assert arguments is not None
+        connection = self._connect(lambda: _pymysql_connect(arguments), pymysql.MySQLError)
         try:
             with self._named_if_lost(connection):
                 yield connection
@@ -380,6 +390,25 @@ def _answers(connection: Any, pymysql: Any) -> bool:
     except pymysql.MySQLError:
         return False
     return True
+
+
+def _pymysql_connect(arguments: dict[str, Any]) -> Any:
+    """``pymysql.connect(**arguments)`` with the server's greeting bounded too: PyMySQL reads it
+    under the read timeout, none unless given, so a server that accepts the connection and
+    never answers held the mover for ever. The greeting gets :data:`CONNECT_TIMEOUT_S`; the
+    session's own reads keep the given read timeout (none: a verification may run long)."""
+    given = arguments.get("read_timeout")
+    connection = _pymysql().connect(
+        **{**arguments, "read_timeout": given if given is not None else CONNECT_TIMEOUT_S})
+    if given is None:
+        connection._read_timeout = None  # PyMySQL applies it at the next read
+    return connection
+
+
+def _timed_out(error: BaseException) -> bool:
+    """Whether a connect failed by its timeout (psycopg's ``ConnectionTimeout``, PyMySQL's
+    "timed out"), not by a refusal or a login error."""
+    return type(error).__name__ == "ConnectionTimeout" or "timed out" in str(error)
 
 
 def _pymysql_arguments(url: URL, role: str) -> dict[str, Any]:
