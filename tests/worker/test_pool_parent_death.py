@@ -178,8 +178,14 @@ class _CeleryWorker:
 
     def __init__(self, tmp_path: Path, url: str, *options: str) -> None:
         self.markers, broker = tmp_path / "markers", tmp_path / "broker"
+        # kombu's filesystem transport creates a message's file, then writes it, and the
+        # worker may read it in between: empty, it ends the worker ("Unrecoverable error:
+        # JSONDecodeError", celery/kombu#1551, once under load). The producer writes into
+        # ``staging`` and :meth:`send` renames each file into ``broker`` whole.
+        self.broker, self.staging = broker, tmp_path / "staging"
         self.markers.mkdir()
         broker.mkdir()
+        self.staging.mkdir()
         (tmp_path / "tasks.py").write_text(CELERY_APP)
         environment = {k: v for k, v in os.environ.items() if not k.startswith("SNOWFLAKE_")}
         environment.update(SNOWFLAKE_WORKER_URL=url, TEST_MARKERS=str(self.markers),
@@ -195,12 +201,14 @@ class _CeleryWorker:
 
         self.producer = Celery("tasks", broker="filesystem://")
         self.producer.conf.broker_transport_options = {
-            "data_folder_in": str(broker), "data_folder_out": str(broker),
+            "data_folder_in": str(broker), "data_folder_out": str(self.staging),
             "control_folder": str(broker)}
         self.seen: set[int] = set()
 
     def send(self, name: str, *args: object) -> None:
         self.producer.send_task(f"tasks.{name}", args=args)
+        for written in sorted(self.staging.iterdir()):
+            os.replace(written, self.broker / written.name)
 
     def pool_processes(self) -> set[int]:
         return children_of(self.process.pid)
