@@ -15,8 +15,8 @@ by name, so :meth:`ShardMover.resume` continues a move whose mover died at any p
 last journaled step, and :meth:`ShardMover.abort` undoes a move that has not flipped. A resume
 before the flip, once the copy step has begun, that finds the copy lost (PostgreSQL: the
 subscription gone from the target) undoes it and copies again from the capture step
-(:data:`RECOPY_STEP`). The shard
-map follows the move: ``moving`` while copying, ``cutover`` once the fence is up, then the flip
+(:data:`RECOPY_STEP`). The shard map follows the move: ``moving`` while copying, ``cutover``
+once the fence is up, then the flip
 (:func:`~snowflake_db.sharding.shard_map.flip_shard`) in the same transaction as its journal
 line. After the flip only forward steps remain: the barrier (every live lease routes with the
 new map, or lapsed), then the cleanup of the capture and copy objects and of the source's rows;
@@ -450,10 +450,10 @@ class ShardMover:
     def resume(self, move_id: int, *, progress: Progress | None = None, force: bool = False,
                terminate_blockers: bool = False) -> MoveRecord:
         """Continue a move from its last journaled step (an abort that was under way goes on
-        aborting). Before the flip, once the copy step has begun (done or not), a copy found lost
-        (PostgreSQL: the subscription gone from the target) is undone and made again
-        (:data:`RECOPY_STEP`). Refused while another
-        mover holds the move's lease, unless ``force``."""
+        aborting). Before the flip, once the copy step has begun (done or not), a copy found
+        lost (PostgreSQL: the subscription gone from the target) is undone and made again
+        (:data:`RECOPY_STEP`). Refused while another mover holds the move's lease, unless
+        ``force``."""
         record = read_move(self.engine, self.map_tables, move_id)
         if record.state in ENDED_STATES:
             return record
