@@ -145,8 +145,12 @@ class MultiprocessPublisher:
         self._start_thread()
         # Python's fork hook (gunicorn --preload, Celery prefork, multiprocessing fork): the
         # child gets its own thread. A fork without the hooks is still counted right (the pid
-        # check in publish()), from its own publish() or exit only.
-        os.register_at_fork(after_in_child=self._after_fork_in_child)
+        # check in publish()), from its own publish() or exit only. The fork waits for a copy
+        # under way: prometheus_client's multiprocess values share one plain lock, taken by
+        # this thread's inc() and set(); forked while it held it, a child would inherit it
+        # held and hang at its first copy.
+        os.register_at_fork(before=self._before_fork, after_in_parent=self._after_fork_in_parent,
+                            after_in_child=self._after_fork_in_child)
         atexit.register(self._publish_logged)
         # Pool children end with os._exit, past atexit: at a child's first lease (its first ID)
         # the last copy is hooked onto its pool's exit path, as the lease's release is.
@@ -197,8 +201,14 @@ class MultiprocessPublisher:
         publish = self._publish_logged
         _process_hooks.via_billiard(publish) or _process_hooks.via_multiprocessing(publish)
 
+    def _before_fork(self) -> None:
+        self._lock.acquire()  # the lock of now: a child forked earlier made its own
+
+    def _after_fork_in_parent(self) -> None:
+        self._lock.release()
+
     def _after_fork_in_child(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the parent's is held by the fork
         self._pid, self._published = os.getpid(), {}
         self._start_thread()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -112,9 +113,17 @@ def test_every_process_is_counted_exactly_once(tmp_path: Path, sqlite_db: Scratc
     script = tmp_path / "scenario.py"
     script.write_text(SCENARIO)
     env = dict(os.environ, PYTHONPATH=REPO, PROMETHEUS_MULTIPROC_DIR=str(directory))
-    result = subprocess.run([sys.executable, str(script), sqlite_db.url_string],
-                            capture_output=True, text=True, env=env, timeout=120, check=False)
-    assert result.returncode == 0, result.stderr
+    scenario = subprocess.Popen([sys.executable, "-X", "faulthandler", str(script),
+                                 sqlite_db.url_string], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        stdout, stderr = scenario.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # once beside a second suite: say where it was
+        scenario.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+        stdout, stderr = scenario.communicate(timeout=30)
+        pytest.fail(f"the scenario ran over 120 s; its stderr: {stderr}")
+    assert scenario.returncode == 0, stderr
+    result = subprocess.CompletedProcess(scenario.args, scenario.returncode, stdout, stderr)
     report = json.loads(result.stdout)
     running = report["while_running"]
     # Parent 1000, forked child 2000, four multiprocessing pool children 3000 each, four
@@ -131,6 +140,68 @@ def test_every_process_is_counted_exactly_once(tmp_path: Path, sqlite_db: Scratc
     # may also have started up to two replacement workers before close() that never got a task
     # (their files hold zeros, as the totals above show).
     assert 11 <= sum(name.startswith("counter_") for name in report["files"]) <= 15
+
+
+#: A fork while the publisher's copy holds prometheus_client's one lock for its multiprocess
+#: values (a copy made slow on purpose): the child's first copy must not hang on it.
+FORK_DURING_A_COPY = textwrap.dedent(
+    """
+    import os, sys, threading, time
+
+    from prometheus_client import values
+
+    import snowflake_db
+    from snowflake_db import metrics
+    from snowflake_db.exporters.prometheus_multiprocess import publish_multiprocess
+
+    snowflake_db.configure(worker_id=3)
+    snowflake_db.snowflake_default()
+    publisher = publish_multiprocess(interval_seconds=3600)
+    [prometheus_lock] = [cell.cell_contents for cell in values.ValueClass.inc.__closure__
+                         if type(cell.cell_contents).__name__ == "lock"]
+    snapshot = metrics.snapshot()
+    gauge = next(g for field, g in publisher._gauges.items()
+                 if getattr(snapshot, field) is not None)
+    real_set, inside = gauge.set, threading.Event()
+
+    def slow_set(value):  # this copy holds prometheus_client's lock for a second
+        with prometheus_lock:
+            inside.set()
+            time.sleep(1)
+        real_set(value)
+
+    gauge.set = slow_set
+    threading.Thread(target=publisher.publish).start()
+    assert inside.wait(10)
+    pid = os.fork()
+    if pid == 0:
+        gauge.set = real_set
+        publisher.publish()  # the child's first copy
+        os._exit(0)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            print("the child ended")
+            sys.exit(0)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    print("the child hung in its first copy")
+    sys.exit(1)
+    """
+)
+
+
+def test_a_fork_during_a_copy_waits_for_it_and_the_child_copies(tmp_path: Path) -> None:
+    """prometheus_client's multiprocess values share one plain lock, which the publisher's
+    thread takes: a fork while it held it gave the child a lock nobody would release."""
+    directory = tmp_path / "prometheus"
+    directory.mkdir()
+    script = tmp_path / "fork_during_a_copy.py"
+    script.write_text(FORK_DURING_A_COPY)
+    env = dict(os.environ, PYTHONPATH=REPO, PROMETHEUS_MULTIPROC_DIR=str(directory))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            env=env, timeout=120, check=False)
+    assert (result.returncode, result.stdout.strip()) == (0, "the child ended"), result.stderr
 
 
 def test_without_multiprocess_mode_the_error_says_how_to_set_it(
