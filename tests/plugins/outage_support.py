@@ -104,12 +104,17 @@ class Outage:
     def cut(self) -> None:
         backend = self.database.backend
         if backend == "postgresql":
+            # New connections refused first, then every session ended, until none is left:
+            # ended first, the heartbeat reconnected before the refusal and kept renewing (a
+            # fence awaited 20 s in vain, beside a second suite); a session starting as the
+            # refusal commits may show up a moment later.
             name = self.database.name
-            self._admin(
-                f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false',
-                fetch="SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                f"WHERE datname = '{name}' AND pid <> pg_backend_pid()",
-            )
+            self._admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+            deadline = time.monotonic() + 10
+            while self._admin(fetch="SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                    f"WHERE datname = '{name}' AND pid <> pg_backend_pid()"):
+                assert time.monotonic() < deadline, f"sessions on {name} outlived 10 s"
+                time.sleep(0.05)
         elif backend == "mariadb":
             self._admin(f"ALTER USER '{self._user}'@'%' ACCOUNT LOCK")
             self._kill_mariadb()
