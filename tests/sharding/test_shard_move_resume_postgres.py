@@ -102,6 +102,20 @@ def _steps_after_recopy(setup: Setup, move_id: int) -> list[tuple[str, str]]:
     return journal[journal.index((RECOPY_STEP, "done")) + 1:]
 
 
+def _drop_copied_subscription_then_resume(setup: Setup, move_id: int,
+                                          events: list[MoveProgress]) -> int:
+    """Once the move's subscription copied every table: dropped by hand (its slot orphaned),
+    then the move resumed to its end; how many of the shard's rows were on b before."""
+    _wait_copied(setup, move_id)
+    _drop_subscription_by_hand(setup, move_id)
+    stale = _shard_rows_on_b(setup, SHARD)
+    assert stale > 0
+    record = setup.mover(progress_every_s=0.2).resume(move_id, force=True,
+                                                      progress=events.append)
+    assert record.state == "done"
+    return stale
+
+
 #: The forward steps a recopy runs again, each started and done (the capture's own first).
 AFTER_RECOPY = [(name, status) for name, _ in FORWARD_STEPS[1:]
                 for status in ("started", "done")]
@@ -122,13 +136,7 @@ def test_resume_after_the_copy_with_the_subscription_dropped_copies_again(
     events: list[MoveProgress] = []
     try:
         move_id = kill_mover_after(setup, SHARD, "copy", "done")
-        _wait_copied(setup, move_id)
-        _drop_subscription_by_hand(setup, move_id)
-        stale = _shard_rows_on_b(setup, SHARD)
-        assert stale > 0
-        record = setup.mover(progress_every_s=0.2).resume(move_id, force=True,
-                                                          progress=events.append)
-        assert record.state == "done"
+        stale = _drop_copied_subscription_then_resume(setup, move_id, events)
     finally:
         writers.stop()
     detail = _recopy_detail(setup, move_id)
@@ -165,13 +173,7 @@ def test_resume_during_the_copy_with_a_subscription_dropped_midway_copies_again(
         move_id = kill_mover_after(setup, SHARD, "copy", "started")
         assert ("copy", "done") not in _journal(setup, move_id)
         setup.pair.backend(shard=SHARD, move_id=move_id).copy()
-        _wait_copied(setup, move_id)
-        _drop_subscription_by_hand(setup, move_id)
-        stale = _shard_rows_on_b(setup, SHARD)
-        assert stale > 0
-        record = setup.mover(progress_every_s=0.2).resume(move_id, force=True,
-                                                          progress=events.append)
-        assert record.state == "done"
+        stale = _drop_copied_subscription_then_resume(setup, move_id, events)
     finally:
         writers.stop()
     detail = _recopy_detail(setup, move_id)
