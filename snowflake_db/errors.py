@@ -219,6 +219,12 @@ class FenceBlockedError(ShardMoveError):
         self.blockers = blockers
 
 
+class CopyLostError(ShardMoveError):
+    """A move's running copy can never finish (PostgreSQL: a table's copy ended and its
+    table-sync slot was lost from the source, in a crash as the copy ended): the mover undoes
+    the copy and makes it again (its ``recopy`` step), a bounded number of times per run."""
+
+
 class MoveServerUnreachableError(ShardMoveError):
     """A server of a move did not answer: a connection was refused, or lost during a step (a
     restart, a network fault). The message names the server (never its password); the step

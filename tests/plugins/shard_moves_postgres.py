@@ -12,7 +12,8 @@ backend's :class:`tests.plugins.shard_moves.Kind`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,16 @@ from example_project import local_servers
 from snowflake_db.sharding.moves import Leftovers, PostgresMoveBackend, run_move_steps, wait_until
 
 from .databases import unavailable
-from .shard_moves import CONNECT_TIMEOUT_S, STEP_TIMEOUT_S, BasePair, MoveThread, Setup, server_pair
+from .shard_moves import (
+    CONNECT_TIMEOUT_S,
+    MASK,
+    SHARD,
+    STEP_TIMEOUT_S,
+    BasePair,
+    MoveThread,
+    Setup,
+    server_pair,
+)
 
 SOURCE_CONF = """
 wal_level = logical
@@ -215,6 +225,100 @@ class AdvisoryHold:
     def drop(self) -> None:
         with self.setup.pair.connect("target") as t:
             t.execute("DROP TRIGGER IF EXISTS hold_copy ON orders")
+
+
+#: Advisory locks the order_items copy waits for: during its copy, and after it (its catch-up).
+COPYING_LOCK, CAUGHT_UP_LOCK = 4343, 4344
+
+
+class StrandedCopy:
+    """The order_items copy left as a crash of the source can leave it: its state ``f``
+    (copied) on the target and its table-sync slot gone from the source, which PostgreSQL
+    cannot recover from (the worker asks for the slot for ever).
+
+    Made deterministically: an ``ALWAYS`` trigger on the target's order_items waits for
+    :data:`COPYING_LOCK` while the table copies and for :data:`CAUGHT_UP_LOCK` once copied.
+    With the copy held, a row of the shard copied by it is updated on the source and the
+    subscription's main worker receives the update; released, the copy ends (``f``) and its
+    catch-up must apply that update, where it waits. Its slot is then dropped on the source
+    (its walsender ended first), and the catch-up released: its next read finds the
+    connection gone, and every restart the slot missing."""
+
+    def __init__(self, setup: Setup, move_id: int = 1) -> None:
+        self.setup = setup
+        self.name = f"sfdb_move_{move_id}"
+        with setup.pair.connect("target") as t:
+            t.execute(f"""CREATE FUNCTION hold_items() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                  CASE (SELECT srsubstate FROM pg_subscription_rel WHERE srrelid = TG_RELID
+                        LIMIT 1)
+                    WHEN 'd' THEN PERFORM pg_advisory_xact_lock_shared({COPYING_LOCK});
+                    WHEN 'f' THEN PERFORM pg_advisory_xact_lock_shared({CAUGHT_UP_LOCK});
+                    ELSE NULL;
+                  END CASE;
+                  RETURN NEW;
+                END $$""".encode())
+            t.execute(b"CREATE TRIGGER hold_items BEFORE INSERT OR UPDATE ON order_items "
+                      b"FOR EACH ROW EXECUTE FUNCTION hold_items()")
+            t.execute(b"ALTER TABLE order_items ENABLE ALWAYS TRIGGER hold_items")
+        self._locks: dict[int, psycopg.Connection[Any]] = {}
+        for lock in (COPYING_LOCK, CAUGHT_UP_LOCK):
+            self._locks[lock] = setup.pair.connect("target")
+            self._locks[lock].execute("SELECT pg_advisory_lock(%s)", (lock,))
+
+    def _waiting_on(self, lock: int) -> bool:
+        return bool(self.setup.pair.query(
+            "target", "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objid = %s "
+                      "AND NOT granted", (lock,)))
+
+    def _release(self, lock: int) -> None:
+        self._locks.pop(lock).close()
+
+    def make(self, moving: MoveThread | None = None) -> str:
+        """Strand the copy (the move's subscription made); the dropped slot's name."""
+        pair = self.setup.pair
+
+        def waiting(lock: int) -> Callable[[], bool]:
+            def check() -> bool:
+                assert moving is None or moving.error is None, moving.error
+                return self._waiting_on(lock)
+            return check
+
+        wait_until(waiting(COPYING_LOCK), timeout_s=60, what="the order_items copy held")
+        relid = pair.query("target", "SELECT 'order_items'::regclass::oid")[0][0]
+        [slot] = [name for (name,) in pair.query(
+            "source", "SELECT slot_name::text FROM pg_replication_slots")
+            if re.fullmatch(rf"pg_\d+_sync_{relid}_\d+", name)]
+        with pair.connect("source") as s:
+            s.execute("SET synchronous_commit = on")
+            s.execute("UPDATE order_items SET qty = qty WHERE id = (SELECT min(id) FROM "
+                      "order_items WHERE id & %s = %s)", (MASK, SHARD))
+            [(updated,)] = s.execute("SELECT pg_current_wal_lsn()::text").fetchall()
+        wait_until(lambda: bool(pair.query(
+            "target", "SELECT 1 FROM pg_stat_subscription WHERE subname = %s AND "
+                      "relid IS NULL AND received_lsn >= %s::pg_lsn", (self.name, updated))),
+            timeout_s=60, what="the update received by the subscription's main worker")
+        self._release(COPYING_LOCK)
+        wait_until(waiting(CAUGHT_UP_LOCK), timeout_s=60,
+                   what="the order_items catch-up held at the update")
+
+        def dropped() -> bool:
+            with pair.connect("source") as s:
+                s.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                          "WHERE slot_name = %s AND active_pid IS NOT NULL", (slot,))
+                try:
+                    s.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                except psycopg.errors.ObjectInUse:  # its walsender not gone yet
+                    return False
+            return True
+
+        wait_until(dropped, timeout_s=30, what=f"slot {slot} dropped")
+        self._release(CAUGHT_UP_LOCK)
+        return slot
+
+    def close(self) -> None:
+        for lock in list(self._locks):
+            self._release(lock)
 
 
 class PostgresKind:

@@ -18,6 +18,7 @@ past it.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import time
@@ -35,6 +36,7 @@ from snowflake_db.errors import MoveServerUnreachableError, ShardMovedError
 from snowflake_db.sharding import ShardRule
 from snowflake_db.sharding.moved import retry_shard_moved, shard_moved_error
 from snowflake_db.sharding.moves import (
+    RECOPY_STEP,
     STATIC_WORKERS_STEP,
     MoveStoppedError,
     StaticWorkersUnconfirmedError,
@@ -59,7 +61,7 @@ from ..plugins.shard_moves import (
     on_every_backend,
     start_writers,
 )
-from ..plugins.shard_moves_postgres import Clusters
+from ..plugins.shard_moves_postgres import Clusters, StrandedCopy
 
 # PostgreSQL's own tests; the shared ones run in a group per backend (on_every_backend).
 pytestmark = pytest.mark.xdist_group("shard_move_faults_postgresql")
@@ -114,6 +116,44 @@ def test_source_restarted_during_the_copy(move_backend: str, servers: Any, how: 
         assert_fence_did(setup, writers, move_id, fence_up)
         assert any(oid & MASK == SHARD for oid in writers.acked())
         hold.drop()
+        assert_exactly_once(setup, writers, preloaded)
+        assert_fence_left(setup, move_id)
+
+
+def test_a_table_copy_stranded_by_its_lost_slot_is_copied_again(servers: Clusters) -> None:
+    """PostgreSQL drops a table's copy slot on the source before it commits the table's next
+    state on the target: a source that crashes between the two leaves the table copied
+    (``f``) and its slot gone, and the subscription can never finish (``f`` for ever). Made
+    deterministically here (:class:`StrandedCopy`) while the mover waits for the copy under
+    writers: the mover finds it, undoes the copy and copies again, and the move finishes."""
+    with make_setup(BACKEND, servers, prefix="fstrand") as setup:
+        preloaded = setup.all_rows("a")
+        stranded = StrandedCopy(setup)
+        writers = start_writers(setup)
+        moving = MoveThread(setup.mover(progress_every_s=0.2))
+        try:
+            slot = stranded.make(moving)
+        finally:
+            stranded.close()
+        moving.join()
+        writers.stop()
+        assert moving.error is None, moving.error
+        move_id = moving.result
+        assert move_id is not None
+        target = servers.target
+        lost = (f"the copy of order_items ended on the target {target.host}:{target.port}/"
+                f"{setup.pair.db} but its table-sync slot {slot} is gone from the source ")
+        journal = setup.mover().status(move_id).journal
+        [failed] = [row.detail for row in journal if (row.step, row.status)
+                    == ("catch_up", "failed")]
+        assert (failed or "").startswith(f"CopyLostError: {lost}"), failed
+        [recopied] = [json.loads(row.detail or "{}") for row in journal
+                      if (row.step, row.status) == (RECOPY_STEP, "done")]
+        assert recopied["lost"].startswith(lost), recopied
+        said = f"move {move_id} {RECOPY_STEP}: "
+        assert [e.startswith(said + lost) for e in moving.events if e.startswith(said)] == [
+            True], moving.events
+        assert_fence_did(setup, writers, move_id, moving.clock.fence_up or time.monotonic())
         assert_exactly_once(setup, writers, preloaded)
         assert_fence_left(setup, move_id)
 

@@ -79,6 +79,12 @@ class MoveBackend(Protocol):
         lost, only one that left rows behind."""
         ...
 
+    def copy_stranded(self) -> str | None:
+        """While the copy runs: why it can never finish, or ``None`` (PostgreSQL: a table
+        whose copy ended and whose table-sync slot is gone from the source; its worker fails
+        to stream for ever). One observation: the mover acts only when it lasts."""
+        ...
+
     def copy_progress(self) -> CopyProgress:
         """Each table's copy state, for progress lines."""
         ...

@@ -1009,6 +1009,10 @@ END"""
         and start it again."""
         return None
 
+    def copy_stranded(self) -> str | None:
+        """``None``: the copy runs in the mover's process, whose errors stop it at once."""
+        return None
+
     def copy_progress(self) -> CopyProgress:
         """Target: each table's copy state (``i`` not started, ``d`` copying, ``r`` done)."""
         with self._target.session() as t:

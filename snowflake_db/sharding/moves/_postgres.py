@@ -495,6 +495,38 @@ class PostgresMoveBackend:
         return (f"{lost}, and rows of shard {self.shard} in {', '.join(copied)} there, copied "
                 "by a subscription lost before the copy step finished")
 
+    def copy_stranded(self) -> str | None:
+        """Target and source: the tables whose copy finished (``f``) and whose table-sync
+        slot is gone from the source. PostgreSQL drops that slot before it commits the table's
+        next state: a source that crashes between the two has dropped it, the target's state
+        stays ``f``, and the table's worker asks for the slot for ever ("does not exist")."""
+        with self._target.session() as t:
+            finished = t.execute(
+                """SELECT r.srrelid::bigint, s.oid::bigint FROM pg_subscription_rel r
+                   JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = %s
+                   AND s.subdbid = (SELECT oid FROM pg_database
+                                    WHERE datname = current_database())
+                   AND r.srsubstate = 'f'""", (self.name,)).fetchall()
+            if not finished:
+                return None
+            system: int = _one(t, "SELECT system_identifier FROM pg_control_system()")
+            names = {self._regclass(t, table): table.name for table in self.tables}
+        system %= 2**64  # shown as a signed bigint; the slot's name has it unsigned
+        slots = {f"pg_{suboid}_sync_{relid}_{system}": names.get(relid, str(relid))
+                 for relid, suboid in finished}
+        with self._source.session() as s:
+            present = {row[0] for row in s.execute(
+                "SELECT slot_name::text FROM pg_replication_slots WHERE slot_name = ANY(%s)",
+                (list(slots),)).fetchall()}
+        gone = sorted((table, slot) for slot, table in slots.items() if slot not in present)
+        if not gone:
+            return None
+        return "; ".join(
+            f"the copy of {table} ended on the target {self._target.description} but its "
+            f"table-sync slot {slot} is gone from the source {self._source.description} (a "
+            "crash of the source as the copy ended): PostgreSQL cannot finish that table"
+            for table, slot in gone)
+
     def copy_progress(self) -> CopyProgress:
         """Target: each table's subscription state; ``synced`` once every one is ready."""
         with self._target.session() as t:

@@ -15,7 +15,9 @@ by name, so :meth:`ShardMover.resume` continues a move whose mover died at any p
 last journaled step, and :meth:`ShardMover.abort` undoes a move that has not flipped. A resume
 before the flip, once the copy step has begun, that finds the copy lost (PostgreSQL: the
 subscription gone from the target) undoes it and copies again from the capture step
-(:data:`RECOPY_STEP`). The shard map follows the move: ``moving`` while copying, ``cutover``
+(:data:`RECOPY_STEP`); so does a run whose copy can never finish (PostgreSQL: a table's copy
+slot lost in a crash of the source, :class:`~snowflake_db.errors.CopyLostError`). The shard
+map follows the move: ``moving`` while copying, ``cutover``
 once the fence is up, then the flip
 (:func:`~snowflake_db.sharding.shard_map.flip_shard`) in the same transaction as its journal
 line. After the flip only forward steps remain: the barrier (every live lease routes with the
@@ -40,6 +42,7 @@ from sqlalchemy import Engine, MetaData, inspect
 from sqlalchemy.engine import URL, make_url
 
 from ...errors import (
+    CopyLostError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     MoverLeaseLostError,
@@ -123,6 +126,14 @@ _CHAINED = frozenset(_FORWARD_NAMES) - {"flip", "finish"}
 #: its session: that step stops ("lost the connection"), a resume goes on.
 _HELD = frozenset({"capture", "copy", "catch_up", "announce", "fence", "drain", "verify",
                    "drop_old_fence", "flip"})
+#: A copy the servers can never finish (:meth:`MoveBackend.copy_stranded`) is looked for
+#: every ``STRANDED_CHECK_S`` while the copy is waited for, and acted on once seen for
+#: ``STRANDED_CONFIRM_S``: a healthy table's copy passes through the same picture for the
+#: moment between its slot's drop and its state's commit.
+STRANDED_CHECK_S = 1.0
+STRANDED_CONFIRM_S = 5.0
+#: How many times one run undoes a lost copy and makes it again before it stops.
+RECOPIES_PER_RUN = 3
 #: How often the drain (inside the pause) and the end of the copy are polled, in seconds.
 DRAIN_POLL_S = 0.01
 COPY_POLL_S = 0.05
@@ -610,16 +621,28 @@ class ShardMover:
                         step = RECOPY_STEP
                         run.step(RECOPY_STEP, "capturing")
                         start = _CAPTURE_INDEX
-                steps = FORWARD_STEPS[start:]
-                for index, (step, state) in enumerate(steps):
-                    if step in _HELD and not held:
-                        sessions.enter_context(backend.held())
-                        held = True
-                    elif step not in _HELD and held:
-                        sessions.close()
-                        held = False
-                    then = steps[index + 1] if index + 1 < len(steps) else None
-                    run.step(step, state, then=then if step in _CHAINED else None)
+                recopies = 0
+                while True:
+                    steps = FORWARD_STEPS[start:]
+                    try:
+                        for index, (step, state) in enumerate(steps):
+                            if step in _HELD and not held:
+                                sessions.enter_context(backend.held())
+                                held = True
+                            elif step not in _HELD and held:
+                                sessions.close()
+                                held = False
+                            then = steps[index + 1] if index + 1 < len(steps) else None
+                            run.step(step, state, then=then if step in _CHAINED else None)
+                        break
+                    except CopyLostError as lost:  # found while the copy was waited for
+                        recopies += 1
+                        if recopies > RECOPIES_PER_RUN:
+                            raise
+                        run.lost = str(lost)
+                        step = RECOPY_STEP
+                        run.step(RECOPY_STEP, "capturing")
+                        start = _CAPTURE_INDEX
         except MoverLeaseLostError:
             raise
         except Exception as error:
@@ -647,6 +670,28 @@ class ShardMover:
         run = _Run(self, journal, backend, record, progress=progress, terminate_blockers=False)
         with LeaseKeeper(journal):
             run.abort_steps(copied)
+
+
+class _StrandedWatch:
+    """A copy the servers can never finish (:meth:`MoveBackend.copy_stranded`), told once the
+    same finding has lasted :data:`STRANDED_CONFIRM_S`; looked for every
+    :data:`STRANDED_CHECK_S` at most (the copy's own poll is much more frequent)."""
+
+    def __init__(self, backend: MoveBackend) -> None:
+        self.backend = backend
+        self._next_check = 0.0
+        self._seen: tuple[str, float] | None = None
+
+    def poll(self) -> str | None:
+        now = time.monotonic()
+        if now < self._next_check:
+            return None
+        self._next_check = now + STRANDED_CHECK_S
+        finding = self.backend.copy_stranded()
+        if finding is None or self._seen is None or self._seen[0] != finding:
+            self._seen = None if finding is None else (finding, now)
+            return None
+        return finding if now - self._seen[1] >= STRANDED_CONFIRM_S else None
 
 
 _AFTER_FLIP = frozenset({"flip", "barrier", "cleanup", "delete_source_rows", "finish"})
@@ -797,11 +842,16 @@ class _Run:
             share = f" of {planned}" if planned else ""
             return f"copying: {copied} rows{share} copied so far; tables: {states or 'starting'}"
 
+        stranded = _StrandedWatch(self.backend)
+
         # Polled at a short fixed interval on one held session (one cheap query each), so
         # the end of a short copy is noticed at once.
         def synced() -> bool:
             if self.backend.copy_synced():
                 return True
+            lost = stranded.poll()
+            if lost is not None:
+                raise CopyLostError(lost)
             # PostgreSQL's table copies end by streaming to the source's WAL position: not
             # left to the source's WAL writer when its commits are asynchronous.
             self.backend.flush(target=False)
