@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import json
 import mmap
 import os
@@ -61,6 +62,10 @@ def _os_threads() -> int:
 
 
 def _child(out: Path) -> None:
+    # A child past its deadline gets SIGUSR1 first: its threads' stacks are written (by C code,
+    # no GIL needed) where the test prints them, so a hang says where it was.
+    stacks = out.with_suffix(".stacks").open("w")
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     # Read before the library's first call repairs this process: SQLite calls of the parent's
     # threads (its heartbeat's renewal) under way at the fork.
     report: dict[str, Any] = {"forked_mid_sqlite_call": _process_hooks._calls > 0}
@@ -118,6 +123,8 @@ def _reap(running: dict[int, tuple[int, float]], outcomes: dict[int, int | str],
             if done:
                 outcomes[index] = os.waitstatus_to_exitcode(status)
             elif time.monotonic() > deadline:
+                os.kill(pid, signal.SIGUSR1)  # its stacks, then the kill
+                time.sleep(0.5)
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
                 outcomes[index] = "hung" if _repaired[index] else "hung before the repair"

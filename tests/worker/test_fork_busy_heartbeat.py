@@ -67,7 +67,10 @@ def test_raw_forks_beside_a_busy_heartbeat_never_hang(
     # machine.
     before_repair = [i for i, outcome in enumerate(outcomes) if outcome == "hung before the repair"]
     assert len(before_repair) <= 2, str(outcomes)
-    assert all(outcomes[i] == 0 for i in range(CHILDREN) if i not in before_repair), str(outcomes)
+    hung = [i for i in range(CHILDREN) if i not in before_repair and outcomes[i] != 0]
+    assert not hung, str(outcomes) + "".join(
+        f"\nchild {i}:\n" + (tmp_path / f"child{i}.stacks").read_text() for i in hung
+        if (tmp_path / f"child{i}.stacks").exists())
     reports = [
         json.loads((tmp_path / f"child{i}.json").read_text())
         for i in range(CHILDREN) if i not in before_repair
