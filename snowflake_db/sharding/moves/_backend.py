@@ -154,9 +154,10 @@ class MoveBackend(Protocol):
 #: The members of :class:`MoveBackend`, for a check that a class has each one.
 MOVE_BACKEND_MEMBERS = (
     "kind", "name", "backlog_unit", "held", "check", "capture", "copy", "advance",
-    "copy_lost", "copy_progress", "copy_synced", "backlog", "flush", "verify_before_fence",
-    "fence", "drained", "verify", "unfence", "shard_fences_on_target", "cleanup",
-    "delete_source_rows", "delete_target_rows", "leftovers", "measure", "rows_copied",
+    "copy_lost", "copy_stranded", "copy_progress", "copy_synced", "backlog", "flush",
+    "verify_before_fence", "fence", "drained", "verify", "unfence", "shard_fences_on_target",
+    "cleanup", "delete_source_rows", "delete_target_rows", "leftovers", "measure",
+    "rows_copied",
 )
 
 
