@@ -675,11 +675,12 @@ class ShardMover:
 class _StrandedWatch:
     """A copy the servers can never finish (:meth:`MoveBackend.copy_stranded`), told once the
     same finding has lasted :data:`STRANDED_CONFIRM_S`; looked for every
-    :data:`STRANDED_CHECK_S` at most (the copy's own poll is much more frequent)."""
+    :data:`STRANDED_CHECK_S` at most, the first time after as long (the copy's own poll is
+    much more frequent, and a short copy never pays for a look)."""
 
     def __init__(self, backend: MoveBackend) -> None:
         self.backend = backend
-        self._next_check = 0.0
+        self._next_check = time.monotonic() + STRANDED_CHECK_S
         self._seen: tuple[str, float] | None = None
 
     def poll(self) -> str | None:
