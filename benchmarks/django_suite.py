@@ -66,11 +66,17 @@ BACKENDS = ("sqlite", "postgresql", "mariadb")
 
 _RETURNING = "asserts AutoField's SQL: the key read back with RETURNING"
 #: Tests that differ by design, with the reason (each is listed on docs/benchmarks.md).
-#: Not differences: Django's own timing tests, which fail in any run on a loaded machine
-#: (with BigAutoField too), so they may turn up in either comparison.
-TIMING_SENSITIVE: dict[str, str] = {
+#: Not differences: Django's own tests that pass or fail by chance in any run of the field (a
+#: timing test on a loaded machine, with BigAutoField too; an order that follows the keys'
+#: hashes), so they may turn up in either comparison.
+UNSTABLE: dict[str, str] = {
     "serializers.test_deserialization.TestDeserializer.test_crafted_xml_performance": (
         "timing-sensitive (fails under BigAutoField too when the machine is busy)"
+    ),
+    "fixtures.tests.ForwardReferenceTests.test_forward_reference_m2m_natural_key": (
+        "asserts the order of an m2m's rows, which Django inserts in the order of a Python set "
+        "of the target keys: 2 and 3 iterate in order, two 64-bit keys in their hashes' order "
+        "(either way round, by the keys' low bits: failed in one of two Snowflake runs)"
     ),
 }
 
@@ -109,7 +115,7 @@ EXPECTED: dict[str, str] = {
         "DEFAULT_AUTO_FIELD'); the same raw inserts pass in tests/django/"
         "test_django_database_keys.py",
     ),
-    **TIMING_SENSITIVE,
+    **UNSTABLE,
 }
 
 #: Tests that fail with the app installed but pass with the field alone, by design.
@@ -336,7 +342,7 @@ def compare(failing: dict[str, dict[str, str]], run: str, baseline: str,
 
 
 def _expected_app(name: str, report: str) -> str | None:
-    return EXPECTED_APP.get(name) or TIMING_SENSITIVE.get(name)
+    return EXPECTED_APP.get(name) or UNSTABLE.get(name)
 
 
 def main(argv: list[str] | None = None) -> int:
