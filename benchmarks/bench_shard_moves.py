@@ -49,6 +49,11 @@ from example_project import grow
 from example_project.common import SHOP_LAYOUT
 
 SOURCE, TARGET = "src", "dst"
+#: Orders per shard by default: enough that the copy's rate is measured, not its start-up. At
+#: 25,000 (28k rows with their items) a PostgreSQL subscription's fixed start (its workers,
+#: their slots, the state handshake) was most of its 0.2-0.3 s, and five runs on an idle machine
+#: gave 0.37-0.63x of the pipe; at 100,000, 1.03-1.08x in three (2026-11-28).
+DEFAULT_ROWS_PER_SHARD = 100_000
 TARGETS = {"lost_doubled": 0, "pause_s": 1.0, "copy_ratio": 0.5}
 #: The other shards' rate target per backend (issue 32: 0.7x on MariaDB).
 OTHER_RATE = {"postgresql": 0.8, "mariadb": 0.7}
@@ -406,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "the servers answer")
     args = parser.parse_args(argv)
     if args.rows_per_shard is None:
-        args.rows_per_shard = 1_000 if args.quick else 25_000
+        args.rows_per_shard = 1_000 if args.quick else DEFAULT_ROWS_PER_SHARD
     if not 1 <= args.rows_per_shard <= 2_000_000 or not 1 <= args.writers <= 16 \
             or not 0 <= args.shard < 16 or not 0 <= args.offered_share <= 1:
         parser.error("--rows-per-shard 1..2,000,000, --writers 1..16, --shard 0..15, "
