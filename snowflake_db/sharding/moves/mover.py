@@ -17,13 +17,12 @@ before the flip, once the copy step has begun, that finds the copy lost (Postgre
 subscription gone from the target) undoes it and copies again from the capture step
 (:data:`RECOPY_STEP`); so does a run whose copy can never finish (PostgreSQL: a table's copy
 slot lost in a crash of the source, :class:`~snowflake_db.errors.CopyLostError`). The shard
-map follows the move: ``moving`` while copying, ``cutover``
-once the fence is up, then the flip
-(:func:`~snowflake_db.sharding.shard_map.flip_shard`) in the same transaction as its journal
-line. After the flip only forward steps remain: the barrier (every live lease routes with the
-new map, or lapsed), then the cleanup of the capture and copy objects and of the source's rows;
-the fence stays on the source. Every wait before the flip calls the backend's ``advance`` on
-each poll: a backend that copies in the mover's process does its work there.
+map follows the move: ``moving`` while copying, ``cutover`` once the fence is up, then the
+flip (:func:`~snowflake_db.sharding.shard_map.flip_shard`) in the same transaction as its
+journal line. After the flip only forward steps remain: the barrier (every live lease routes
+with the new map, or lapsed), then the cleanup of the capture and copy objects and of the
+source's rows; the fence stays on the source. Every wait before the flip calls the backend's
+``advance`` on each poll: a backend that copies in the mover's process does its work there.
 
 Targets are given as ``{name: URL or Engine}`` and never stored: the control database holds names.
 """
