@@ -322,4 +322,6 @@ def test_celery_worker_killed_outright_its_pool_processes_release_and_end(
         logged = worker.output()
     finally:
         worker.cleanup()
-    assert len(slots) == 2 and all(state == "free" for state in slots.values()), (slots, logged)
+    # A string, not a tuple: pytest cuts a tuple's repr to a line, and the log is the point.
+    assert len(slots) == 2 and all(state == "free" for state in slots.values()), (
+        f"{slots}\nwhat the worker and its pool processes wrote:\n{logged}")
