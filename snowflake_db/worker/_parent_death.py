@@ -11,13 +11,19 @@ and a warm shutdown (``Pool.close()``) ends that thread: each process it forked 
 and one that was releasing its worker slot as it ended leaves the slot parked until its lease
 expires. A worker that dies (SIGKILL, the OOM killer) ends all its pool processes the same way.
 
-So a pool process that takes a lease changes its death signal from SIGKILL to billiard's
-terminate signal (:func:`take_over`; SIGTERM, or the one ``REMAP_SIGTERM`` names), the one
-``Pool.terminate()`` ends pool processes with. billiard's handler turns it into ``SystemExit``:
-the process ends through its exit path, which releases the slot with that signal held off
-(:class:`ExitRelease`, :func:`snowflake_db.shutdown.signals_held`). The process ends when
-Celery's SIGKILL would have ended it (a task it was running is interrupted, as before), but
-releases first.
+So a pool process that takes a lease changes its death signal from SIGKILL to
+:data:`DEATH_SIGNAL` (:func:`take_over`), a real-time signal whose handler raises
+``SystemExit`` at its first arrival, as billiard's terminate handler does: the process ends
+through its exit path, which releases the slot with the signal held off (:class:`ExitRelease`,
+:func:`snowflake_db.shutdown.signals_held`). The process ends when Celery's SIGKILL would have
+ended it (a task it was running is interrupted, as before), but releases first.
+
+Not billiard's terminate signal (SIGTERM): Linux sends the death signal again each time the
+thread the process counts as its parent ends, and a killed worker's threads end one after
+another, so it can arrive two or three times (measured: 1, 2 or 3 times from a parent with 9
+threads). billiard's handler puts SIGTERM back to its default action at the first, and the
+second then killed the process before its release began (a slot left live). The library's
+handler ignores every arrival after the first.
 
 A signal can be ignored or never handled (a task that swallows ``SystemExit``, or is inside C
 code that does not return to Python), and a pool process must not outlive a dead worker. A
@@ -41,6 +47,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from .. import forks
@@ -52,6 +59,9 @@ logger = logging.getLogger("snowflake_db.worker")
 _PR_SET_PDEATHSIG = 1
 _PR_GET_PDEATHSIG = 2
 
+#: The death signal of a pool process the library took over: real-time (queued, never merged),
+#: far from the few that glibc and common servers use, and handled by :func:`_parent_died`.
+DEATH_SIGNAL = int(getattr(signal, "SIGRTMIN", 34)) + 6
 #: How long a pool process whose parent process has ended gets to end by its death signal (its
 #: exit path releases) before the watch releases its slot and kills it.
 ORPHAN_EXIT_SECONDS = 10.0
@@ -109,10 +119,24 @@ class ExitRelease:
         run_bounded(release, RELEASE_WAIT_SECONDS)
 
 
-def take_over(parent_pid: int, terminate_signal: int, release: ExitRelease) -> bool:
-    """In a pool process whose death signal is SIGKILL, make it ``terminate_signal`` and watch
-    the parent process; whether it did. From the main thread only: the death signal is a
-    property of the thread that sets it, and the kernel reads the main thread's."""
+#: Whether this process's death signal has arrived (its handler acts once).
+_dying = False
+
+
+def _parent_died(signum: int, frame: FrameType | None) -> None:
+    """:data:`DEATH_SIGNAL`'s handler: the first arrival ends the process through its exit
+    path, as billiard's terminate handler would; the ones after it change nothing."""
+    global _dying  # noqa: PLW0603 - once per process
+    if _dying:
+        return
+    _dying = True
+    sys.exit(128 + signum)
+
+
+def take_over(parent_pid: int, release: ExitRelease) -> bool:
+    """In a pool process whose death signal is SIGKILL, make it :data:`DEATH_SIGNAL` and
+    watch the parent process; whether it did. From the main thread only: the death signal is
+    a property of the thread that sets it, and the kernel reads the main thread's."""
     if threading.current_thread() is not threading.main_thread():
         return False
     prctl = _prctl()
@@ -120,7 +144,9 @@ def take_over(parent_pid: int, terminate_signal: int, release: ExitRelease) -> b
         return False
     if not forks.threads_allowed():
         return False  # no watch possible: an orphan could outlive its parent; keep SIGKILL
-    if prctl(_PR_SET_PDEATHSIG, int(terminate_signal), 0, 0, 0) != 0:
+    previous = signal.signal(DEATH_SIGNAL, _parent_died)
+    if prctl(_PR_SET_PDEATHSIG, DEATH_SIGNAL, 0, 0, 0) != 0:
+        signal.signal(DEATH_SIGNAL, previous)
         logger.debug("snowflake_db: prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
         return False
     threading.Thread(

@@ -25,11 +25,12 @@ multiprocessing's ``Finalize`` and ``_exit_function``), but a pool worker never 
 that callback, after the one it had (:func:`via_billiard`, :func:`via_multiprocessing`). Neither
 library is imported here: only one already loaded can have started this process.
 
-A billiard pool worker's release holds off billiard's terminate signal (SIGTERM), whose handler
-raises ``SystemExit`` wherever the process is: ``Pool.terminate()``, or the parent-death signal,
-arriving during the release would cut it short. Celery sets that death signal to SIGKILL, which
-Linux also sends when the *thread* that forked the process ends (billiard's supervisor thread, in
-a warm shutdown): :mod:`._parent_death` makes it the terminate signal instead.
+A billiard pool worker's release holds off billiard's terminate signal (SIGTERM) and the
+library's parent-death signal, whose handlers raise ``SystemExit`` wherever the process is:
+``Pool.terminate()``, or the parent's death, arriving during the release would cut it short.
+Celery sets that death signal to SIGKILL, which Linux also sends when the *thread* that forked
+the process ends (billiard's supervisor thread, in a warm shutdown): :mod:`._parent_death` makes
+it a signal of the library's own, handled once, instead.
 
 **A fork must not copy SQLite in the middle of a call.** SQLite keeps process-wide mutexes (its
 global mutex, the unix VFS lock taken when files are opened and closed). If one thread is inside
@@ -103,7 +104,7 @@ def _billiard_pool_worker(current: Any) -> Any:
 
 def _release_as_billiard_pool_worker() -> bool:
     """In a billiard pool process (Celery's prefork pool), release from its exit path with its
-    terminate signal held off, and take over a SIGKILL parent-death signal
+    terminate and death signals held off, and take over a SIGKILL parent-death signal
     (:mod:`._parent_death`); False elsewhere."""
     current = _billiard_child()
     worker = _billiard_pool_worker(current) if current is not None else None
@@ -112,8 +113,9 @@ def _release_as_billiard_pool_worker() -> bool:
     common = sys.modules.get("billiard.common")
     terminate = int(getattr(common, "TERM_SIGNAL", signal.SIGTERM))
     release = _parent_death.ExitRelease(_at_exit)
-    worker.on_exit = _ReleaseAfter(worker.on_exit, release, hold=(terminate,))
-    _parent_death.take_over(current._parent_pid, terminate, release)
+    worker.on_exit = _ReleaseAfter(worker.on_exit, release,
+                                   hold=(terminate, _parent_death.DEATH_SIGNAL))
+    _parent_death.take_over(current._parent_pid, release)
     return True
 
 

@@ -29,6 +29,33 @@ def own_pid(_: object = None) -> int:
     return os.getpid()
 
 
+def leased_worker(_: object = None) -> tuple[int, int, str]:
+    """This pool process's ID, its worker ID and its lease's token."""
+    generator = snowflake_db.get_generator()
+    lease = generator.lease
+    return os.getpid(), generator.worker_id, str(getattr(lease, "token", ""))
+
+
+def nap(markers: str, seconds: float) -> None:
+    """A task that sleeps; ``<pid>.busy`` once it runs."""
+    import time
+
+    Path(markers, f"{os.getpid()}.busy").touch()
+    time.sleep(seconds)
+
+
+def record_exit_then_wait(markers: str, pid: int, exitcode: int) -> None:
+    """The pool's ``on_process_exit`` (the process is ending; its release comes next):
+    ``<pid>.exiting``, then wait for the test's ``go`` file, at most a minute."""
+    import time
+
+    Path(markers, f"{os.getpid()}.exiting").touch()
+    for _ in range(600):
+        if Path(markers, "go").exists():
+            return
+        time.sleep(0.1)
+
+
 def init_with_death_signal(signum: int) -> None:
     """Pool initializer: this parent-death signal (0: none), then a lease."""
     from billiard.util import set_pdeathsig
@@ -137,9 +164,11 @@ def issue():
 @app.task
 def hold(unresponsive=False):
     """Stay busy; ``unresponsive``: as a task inside C code that never returns to Python, never
-    let this thread see SIGTERM (billiard's way to end a pool process)."""
+    let this thread see SIGTERM (billiard's way to end a pool process) or the death signal."""
     if unresponsive:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        from snowflake_db.worker._parent_death import DEATH_SIGNAL
+
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, DEATH_SIGNAL})
     (MARKERS / f"{os.getpid()}.busy").touch()
     time.sleep(300)
 '''

@@ -28,7 +28,7 @@ from sqlalchemy import create_engine, text
 
 import snowflake_db
 from snowflake_db.shutdown import RELEASE_WAIT_SECONDS
-from snowflake_db.worker._parent_death import ORPHAN_EXIT_SECONDS
+from snowflake_db.worker._parent_death import DEATH_SIGNAL, ORPHAN_EXIT_SECONDS
 
 from ..plugins.databases import ScratchDatabase
 from ..plugins.scheduler_delay import communicate_patiently, wait_patiently
@@ -41,8 +41,11 @@ from .parent_death_support import (
     ended,
     forking_thread,
     init_with_death_signal,
+    leased_worker,
+    nap,
     own_pid,
     record_exit,
+    record_exit_then_wait,
 )
 from .pool_support import configured_parent
 
@@ -161,7 +164,7 @@ def test_warm_close_lets_replacements_forked_by_the_supervisor_finish_a_slow_rel
 
 
 @pytest.mark.parametrize(("chosen", "kept"), [
-    (signal.SIGKILL, signal.SIGTERM), (0, 0), (signal.SIGUSR2, signal.SIGUSR2)])
+    (signal.SIGKILL, DEATH_SIGNAL), (0, 0), (signal.SIGUSR2, signal.SIGUSR2)])
 def test_only_celerys_sigkill_death_signal_is_taken_over(
     chosen: int, kept: int, sqlite_db: ScratchDatabase
 ) -> None:
@@ -178,6 +181,44 @@ def test_only_celerys_sigkill_death_signal_is_taken_over(
         snowflake_db.reset()
         parent.close()
     assert seen == kept
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
+def test_a_death_signal_that_arrives_again_during_the_exit_still_releases(
+    backend: str, database_factory: Callable[[str], ScratchDatabase], tmp_path: Path
+) -> None:
+    """Linux sends the parent-death signal each time the thread the process counts as its
+    parent ends, so a killed worker's pool process can get it two or three times. Here the
+    first ends the task, the process's exit path waits in the pool's exit callback, and the
+    signal comes twice more: the process must go on to release its slot (under SIGTERM,
+    billiard's handler left the second to the default action, which ended the process
+    there, the slot left live)."""
+    database = database_factory(backend)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    parent = configured_parent(database.url_string, LEASE_SECONDS)
+    pool = billiard.pool.Pool(
+        1, initializer=celery_like_init, initargs=(str(markers),),
+        on_process_exit=partial(record_exit_then_wait, str(markers)))
+    try:
+        pid, worker, token = pool.apply_async(leased_worker).get(60)
+        assert pool.apply_async(death_signal_now).get(60) == DEATH_SIGNAL
+        pool.apply_async(nap, (str(markers), 120))
+        assert _poll(lambda: pid in _markers(markers, "busy"), 60)
+        pool.close()  # no replacement: the slot stays the one this process held
+        os.kill(pid, DEATH_SIGNAL)
+        assert _poll(lambda: pid in _markers(markers, "exiting"), 60)
+        os.kill(pid, DEATH_SIGNAL)  # again, as the dying worker's next thread ends
+        os.kill(pid, DEATH_SIGNAL)
+        (markers / "go").touch()
+        assert _poll(lambda: ended(pid), 60), "the pool process did not end"
+        _join_bounded(pool, 60)
+    finally:
+        pool.terminate()
+        snowflake_db.reset()
+        parent.close()
+    row = read_slots(database.url)[worker]
+    assert row.state == "free" or row.lease_token != token, row
 
 
 # -- a real `celery worker` --------------------------------------------------------------------
@@ -299,7 +340,7 @@ def test_celery_worker_killed_outright_its_pool_processes_release_and_end(
     tmp_path: Path,
 ) -> None:
     """SIGKILL to the worker while both pool processes run a task: each releases its slot and
-    ends. ``unresponsive``: the tasks never let SIGTERM be handled (as one inside C code), so
+    ends. ``unresponsive``: the tasks never let a signal be handled (as one inside C code), so
     the process ends only by the watch on the parent, after ``ORPHAN_EXIT_SECONDS``."""
     database = database_factory(backend)
     worker = _CeleryWorker(tmp_path, database.url_string)
