@@ -514,6 +514,18 @@ def test_delete_rows_scans_each_table_once_not_once_per_batch(pair: Pair) -> Non
 
     with pair.connect("source") as conn:  # else each deleted order scans its items (the FK)
         conn.execute("CREATE INDEX ON order_items (order_id)")
+
+    def others_gone() -> bool:
+        # A session's scans reach the statistics when it ends (before it leaves
+        # pg_stat_activity), and the ones above end after their client has gone: counted
+        # after `before`, one of them made order_items 3 beside a second suite.
+        with pair.connect("source") as conn:
+            return conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            ).fetchone() == (0,)
+
+    wait_until(others_gone, timeout_s=30, what="the sessions that scanned the tables ended")
     before = seq_scans()
     deleted = backend.delete_source_rows(batch_size=10, pause_ratio=0.0)
     assert deleted == sum(rows.values())
