@@ -651,6 +651,33 @@ def test_a_chunk_read_in_parts_is_written_whole_or_not_at_all(pair: Pair) -> Non
     pair.assert_nothing_left()
 
 
+def test_rows_too_wide_to_join_are_copied_row_by_row(pair: Pair) -> None:
+    """The copy has the source join each part's rows into one text of at most 4 MiB: a table
+    whose part is wider (50 rows of 100 kB, one row of 5 MB) is read again row by row, the
+    5 MB row inserted alone, while the narrow table beside it is still joined; every value
+    (multi-byte text included) arrives exactly."""
+    shard = 5
+    for which in ("source", "target"):
+        pair.execute(which, "ALTER TABLE orders MODIFY note MEDIUMTEXT CHARACTER SET utf8mb4")
+    ids = sorted(pair.rows("source", "orders", shard))
+    pair.execute("source", f"UPDATE orders SET note = REPEAT('ü€', 25000) "
+                           f"WHERE (id & {MASK}) = {shard}",
+                 f"UPDATE orders SET note = REPEAT('x', 5000000) WHERE id = {ids[60]}")
+    backend = pair.backend(shard=shard, chunk_rows=200)
+    results = run_steps(backend, stop_after="verify")
+    assert results["verify"].source == results["verify"].target
+    assert backend._wide == {"orders"}
+    assert pair.rows("target", "orders", shard) == pair.rows("source", "orders", shard)
+    assert pair.query("target", "SELECT LENGTH(note), CHAR_LENGTH(note) FROM orders "
+                                f"WHERE id IN ({ids[0]}, {ids[60]}) ORDER BY id") == [
+        (125_000, 50_000), (5_000_000, 5_000_000)]
+    assert backend.rows_copied() == len(ids) + len(pair.rows("source", "order_items", shard))
+    backend.cleanup()
+    backend.unfence()
+    backend.delete_target_rows()
+    pair.assert_nothing_left()
+
+
 GONE_CAPTURE = textwrap.dedent("""
     import sys
     from snowflake_db import Layout
