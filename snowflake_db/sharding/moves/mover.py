@@ -616,12 +616,13 @@ class ShardMover:
                 # the flip the target is the shard's home: nothing is copied again.
                 if resumed and start >= _COPY_INDEX and not record.flipped:
                     run.lost = backend.copy_lost(finished=start > _COPY_INDEX)
-                    if run.lost is not None:
-                        step = RECOPY_STEP
-                        run.step(RECOPY_STEP, "capturing")
-                        start = _CAPTURE_INDEX
                 recopies = 0
                 while True:
+                    if run.lost is not None:  # undo the copy, then go on from the capture
+                        step = RECOPY_STEP
+                        run.step(RECOPY_STEP, "capturing")
+                        run.lost = None
+                        start = _CAPTURE_INDEX
                     steps = FORWARD_STEPS[start:]
                     try:
                         for index, (step, state) in enumerate(steps):
@@ -639,9 +640,6 @@ class ShardMover:
                         if recopies > RECOPIES_PER_RUN:
                             raise
                         run.lost = str(lost)
-                        step = RECOPY_STEP
-                        run.step(RECOPY_STEP, "capturing")
-                        start = _CAPTURE_INDEX
         except MoverLeaseLostError:
             raise
         except Exception as error:
