@@ -8,9 +8,9 @@ that Django, psycopg, PyMySQL and this checkout, then runs the apps below on SQL
 and MariaDB three times (``RUNS``): ``big`` (``BigAutoField``), ``snowflake``
 (``SnowflakeAutoField`` as ``DEFAULT_AUTO_FIELD``, the field alone) and ``app`` (the same field
 with ``snowflake_db.django`` in ``INSTALLED_APPS`` and ``SNOWFLAKE_DB`` leasing worker IDs from
-its table, as the docs recommend). It prints, per backend, how many tests failed in each run,
-which fail only with Snowflake keys (and only with BigAutoField), and which fail only with the
-app installed.
+its table, as the docs recommend, and ``AUTO_FIELD_DATABASE_KEYS`` on). It prints, per backend,
+how many tests failed in each run, which fail only with Snowflake keys (and only with
+BigAutoField), and which fail only with the app installed.
 
 Targets: no test that passes with ``BigAutoField`` fails with ``SnowflakeAutoField`` (issue 10),
 and none that passes with the field alone fails with the app installed (issue 17), except the
@@ -107,13 +107,10 @@ EXPECTED: dict[str, str] = {
             "apps.tests.QueryPerformingAppTests.test_query_many_other_database_using_cursor",
         ],
         "a raw SQL INSERT without the key (cursor.executemany in an AppConfig.ready()) into "
-        "models keyed by DEFAULT_AUTO_FIELD, which Django builds with no arguments, so the "
-        "column has no database default and the INSERT fails instead of taking a small number "
-        "(PostgreSQL, MariaDB; SQLite's rowid fills it in). Database keys need an explicit "
-        "SnowflakeAutoField(primary_key=True, db_default=KeyFunction()) and the function "
-        "installed before the table (docs/reference/django-key-functions.md, 'Not for "
-        "DEFAULT_AUTO_FIELD'); the same raw inserts pass in tests/django/"
-        "test_django_database_keys.py",
+        "models keyed by DEFAULT_AUTO_FIELD: the field alone gives the column no database "
+        "key, so the INSERT fails instead of taking a small number (PostgreSQL, MariaDB; "
+        "SQLite's rowid fills it in). They pass in the app run, whose SNOWFLAKE_DB sets "
+        "AUTO_FIELD_DATABASE_KEYS (docs/reference/django-key-functions.md)",
     ),
     **UNSTABLE,
 }
@@ -177,7 +174,9 @@ if os.environ.get("SUITE_APP"):
     # control database (its migration makes the table in every test database). Django's SQLite
     # test databases live in memory, which the allocator's own connection cannot share: there
     # the table is in a file named by ENGINE_URL.
-    SNOWFLAKE_DB = {"WORKER_SOURCE": "table"}
+    # Raw INSERTs without the key (the apps tests) get keys from the database, as with
+    # BigAutoField (PostgreSQL, MariaDB; nothing to do on SQLite).
+    SNOWFLAKE_DB = {"WORKER_SOURCE": "table", "AUTO_FIELD_DATABASE_KEYS": True}
     if _backend == "sqlite":
         SNOWFLAKE_DB["ENGINE_URL"] = f"sqlite:///{os.environ['SUITE_WORKER_DB']}"
         SNOWFLAKE_DB["ALLOCATOR_OPTIONS"] = {"create_tables": True}

@@ -52,11 +52,15 @@ class SnowflakeDbConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         from . import checks  # noqa: F401 - registers the checks (once: an import)
+        from .auto_field_keys import database_keys_after_migrate
         from .widening import widen_after_migrate
 
         # Auto-created many-to-many keys are widened after every migrate (see .widening);
         # dispatch_uid keeps one receiver per app config however often ready() runs.
         post_migrate.connect(widen_after_migrate, sender=self, dispatch_uid=__name__)
+        # AUTO_FIELD_DATABASE_KEYS: after the widening, which may alter the same keys.
+        post_migrate.connect(database_keys_after_migrate, sender=self,
+                             dispatch_uid=f"{__name__}.database_keys")
         from .conf import get_settings
         from .public_ids._settings import apply_public_id_keys
         from .worker import explain_invalid_settings

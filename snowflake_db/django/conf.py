@@ -15,6 +15,7 @@ All keys are optional::
         "PUBLIC_ID_KEYS": None,         # "1:<base64>,2:<base64>", bytes or {version: bytes}
         "KEY_COLUMNS": [],              # "app_label.Model.field": plain integers holding keys
         "NOT_KEY_COLUMNS": [],          # "app_label.Model.field": never holds a Snowflake key
+        "AUTO_FIELD_DATABASE_KEYS": False,  # True: raw INSERTs without the key get one
     }
 
 ``PUBLIC_ID_KEYS`` are the keys of public numbers (:mod:`snowflake_db.public_ids`); unset, the
@@ -25,6 +26,10 @@ a secrets store in ``settings.py``; never write a key into code.
 (:mod:`.key_columns`): the first declares fields that receive Snowflake keys although their name
 does not say so, the second fields that a name or a ``GenericForeignKey`` would flag but that
 never receive one.
+
+``AUTO_FIELD_DATABASE_KEYS`` gives every ``SnowflakeAutoField`` key on PostgreSQL and MariaDB
+the key function for the ``INSERT`` statements that leave the key out, as ``BigAutoField``'s
+identity does (:mod:`.auto_field_keys`).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ KNOWN_KEYS = frozenset(
         "PUBLIC_ID_KEYS",
         "KEY_COLUMNS",
         "NOT_KEY_COLUMNS",
+        "AUTO_FIELD_DATABASE_KEYS",
     }
 )
 
@@ -80,6 +86,8 @@ class SnowflakeSettings:
     key_columns: frozenset[str] = frozenset()
     #: the same for ``NOT_KEY_COLUMNS``
     not_key_columns: frozenset[str] = frozenset()
+    #: ``AUTO_FIELD_DATABASE_KEYS``: database keys for inserts without one, after each migrate
+    auto_field_database_keys: bool = False
 
 
 def _fail(message: str) -> ImproperlyConfigured:
@@ -142,6 +150,13 @@ def _field_paths(raw: dict[str, Any], key: str) -> frozenset[str]:
             raise _fail(f"{key}: {item!r} is not 'app_label.Model.field'")
         paths.add(f"{parts[0]}.{parts[1].lower()}.{parts[2]}")
     return frozenset(paths)
+
+
+def _flag(raw: dict[str, Any], key: str) -> bool:
+    value = raw.get(key, False)
+    if not isinstance(value, bool):
+        raise _fail(f"{key} must be True or False, got {value!r}")
+    return value
 
 
 def _declared_columns(raw: dict[str, Any]) -> tuple[frozenset[str], frozenset[str]]:
@@ -222,6 +237,7 @@ def parse(raw: object) -> SnowflakeSettings:
         public_id_keys=_public_id_keys(raw.get("PUBLIC_ID_KEYS")),
         key_columns=key_columns,
         not_key_columns=not_key_columns,
+        auto_field_database_keys=_flag(raw, "AUTO_FIELD_DATABASE_KEYS"),
     )
 
 

@@ -23,7 +23,7 @@ keys of ``save()``, ``create()`` and ``bulk_create()``; the database makes only 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django.db import NotSupportedError, models, router, transaction
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 #: Django vendors with a key function.
-_VENDORS = ("postgresql", "mysql")
+KEY_FUNCTION_VENDORS = ("postgresql", "mysql")
 #: :data:`snowflake_db.key_functions.DEFAULT_FUNCTION_NAME`, repeated so that importing this
 #: module (and ``snowflake_db.django``) needs no SQLAlchemy; a test compares them.
 DEFAULT_FUNCTION_NAME = "snowflake_next_id"
@@ -228,7 +228,7 @@ def check_key_default(field: models.Field, databases: Any) -> list[Any]:
                     id="snowflake_db.E016",
                 )
             )
-        if vendor in _VENDORS:
+        if vendor in KEY_FUNCTION_VENDORS:
             continue
         errors.append(
             Error(
@@ -269,17 +269,22 @@ class _BorrowedConnection:
         return getattr(self._raw, name)
 
 
-@contextmanager
-def migration_connection(schema_editor: Any) -> Iterator[Connection]:
+def migration_connection(schema_editor: Any) -> AbstractContextManager[Connection]:
     """A SQLAlchemy ``Connection`` on the migration's own database connection, inside its
-    transaction (``transaction.atomic``: a savepoint in an atomic migration; on MariaDB, whose
-    DDL commits implicitly, a transaction that makes the savepoints of the slot claim work)."""
+    transaction (:func:`django_connection`)."""
+    return django_connection(schema_editor.connection)
+
+
+@contextmanager
+def django_connection(connection: Any) -> Iterator[Connection]:
+    """A SQLAlchemy ``Connection`` on Django's ``connection``, inside its transaction
+    (``transaction.atomic``: a savepoint in an atomic migration; on MariaDB, whose DDL commits
+    implicitly, a transaction that makes the savepoints of the slot claim work)."""
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
 
     from .worker import sqlalchemy_url
 
-    connection = schema_editor.connection
     with transaction.atomic(using=connection.alias):
         connection.ensure_connection()
         raw = connection.connection
@@ -301,7 +306,7 @@ def migration_connection(schema_editor: Any) -> Iterator[Connection]:
 
 def _refuse_elsewhere(what: str, schema_editor: Any) -> None:
     connection = schema_editor.connection
-    if connection.vendor not in _VENDORS:
+    if connection.vendor not in KEY_FUNCTION_VENDORS:
         raise SnowflakeMigrationError(
             f"{what} on database alias {connection.alias!r}: database keys need PostgreSQL or "
             f"MariaDB, not {connection.vendor} (SQLite has no stored functions; the application "
@@ -399,18 +404,12 @@ class InstallKeyFunction(_KeyOperation):
         from ..key_functions import install_key_function
 
         _refuse_elsewhere("InstallKeyFunction", schema_editor)
-        place = _slot_place(schema_editor.connection.alias)
-        options: dict[str, Any] = {}
-        if self.rollback_tolerance_ms is not None:
-            options["rollback_tolerance_ms"] = self.rollback_tolerance_ms
-        elif "rollback_tolerance_ms" in get_settings().generator_options:
-            options["rollback_tolerance_ms"] = get_settings().generator_options[
-                "rollback_tolerance_ms"
-            ]
+        place = slot_place(schema_editor.connection.alias)
+        options = function_options(self.rollback_tolerance_ms)
         if self.max_wait_ms is not None:
             options["max_wait_ms"] = self.max_wait_ms
         with migration_connection(schema_editor) as bind:
-            if _function_exists(bind, self.name, self.schema):
+            if function_exists(bind, self.name, self.schema):
                 raise SnowflakeMigrationError(
                     f"InstallKeyFunction: a function {self._where(schema_editor)} already "
                     "exists (installed by another migration, or left by one that failed on "
@@ -435,9 +434,9 @@ class InstallKeyFunction(_KeyOperation):
         from ..key_functions import drop_key_function
 
         _refuse_elsewhere("InstallKeyFunction (reversed)", schema_editor)
-        place = _slot_place(schema_editor.connection.alias)
+        place = slot_place(schema_editor.connection.alias)
         with migration_connection(schema_editor) as bind:
-            if not _function_exists(bind, self.name, self.schema):
+            if not function_exists(bind, self.name, self.schema):
                 raise SnowflakeMigrationError(
                     f"InstallKeyFunction (reversed): there is no function "
                     f"{self._where(schema_editor)} to drop, so its last key is unknown and its "
@@ -460,9 +459,22 @@ class InstallKeyFunction(_KeyOperation):
         )
 
 
-def _slot_place(alias: str) -> dict[str, Any]:
+def function_options(rollback_tolerance_ms: int | None = None) -> dict[str, Any]:
+    """The key function's clock option: ``rollback_tolerance_ms`` when given, else
+    ``GENERATOR_OPTIONS``' (the application's generator tolerates the same), else the
+    function's own default."""
+    if rollback_tolerance_ms is not None:
+        return {"rollback_tolerance_ms": rollback_tolerance_ms}
+    generator_options = get_settings().generator_options
+    if "rollback_tolerance_ms" in generator_options:
+        return {"rollback_tolerance_ms": generator_options["rollback_tolerance_ms"]}
+    return {}
+
+
+def slot_place(alias: str, what: str = "InstallKeyFunction") -> dict[str, Any]:
     """Where the function's slot is reserved: the worker tables of the control database (this
-    connection's when ``alias`` is the control database, else ``control_url``)."""
+    connection's when ``alias`` is the control database, else ``control_url``); ``what``
+    installs it (for the error when the control database has no worker tables)."""
     from .models import REGISTRATIONS_TABLE, SLOTS_TABLE
 
     conf = get_settings()
@@ -473,7 +485,7 @@ def _slot_place(alias: str) -> dict[str, Any]:
         "slots_schema": options.get("schema"),
     }
     control = conf.control_database
-    _require_worker_tables(control, place)
+    _require_worker_tables(control, place, what)
     if alias != control:
         from .worker import sqlalchemy_url
 
@@ -483,7 +495,7 @@ def _slot_place(alias: str) -> dict[str, Any]:
     return place
 
 
-def _require_worker_tables(control: str, place: dict[str, Any]) -> None:
+def _require_worker_tables(control: str, place: dict[str, Any], what: str) -> None:
     """The control database must have the worker tables (its ``snowflake_db`` migrations run),
     or the function would take a slot nobody else sees."""
     from django.db import connections
@@ -494,15 +506,17 @@ def _require_worker_tables(control: str, place: dict[str, Any]) -> None:
     with connection.cursor() as cursor:
         names = set(connection.introspection.table_names(cursor))
     if place["slots_table"] not in names:
+        in_a_migration = (
+            "; in the same database, add a dependency on ('snowflake_db', '0002_workerlayout') "
+            "to this migration" if what == "InstallKeyFunction" else ""
+        )
         raise SnowflakeMigrationError(
-            f"InstallKeyFunction: the worker table {place['slots_table']} is not in the control "
-            f"database (alias {control!r}): migrate snowflake_db there first; in the same "
-            "database, add a dependency on ('snowflake_db', '0002_workerlayout') to this "
-            "migration"
+            f"{what}: the worker table {place['slots_table']} is not in the control database "
+            f"(alias {control!r}): migrate snowflake_db there first{in_a_migration}"
         )
 
 
-def _function_exists(bind: Connection, name: str, schema: str | None) -> bool:
+def function_exists(bind: Connection, name: str, schema: str | None) -> bool:
     from sqlalchemy import text
 
     if bind.dialect.name == "postgresql":
@@ -601,7 +615,7 @@ class InstallKeyTrigger(_KeyOperation):
             if install:
                 name = function.name if function else DEFAULT_FUNCTION_NAME
                 schema = function.schema if function else None
-                if not _function_exists(bind, name, schema):
+                if not function_exists(bind, name, schema):
                     raise SnowflakeMigrationError(
                         f"{what}: the key function {_spec(name, schema).call_sql} does not "
                         f"exist on database alias {schema_editor.connection.alias!r}: run "
