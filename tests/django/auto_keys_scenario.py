@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from tests.django.keys_scenario import setup
+from tests.django.scenario_support import write_app
 
 MODELS = """
 from django.db import models
@@ -43,40 +45,9 @@ class Counted(models.Model):
     name = models.CharField(max_length=20)
 """
 
-#: The application's static worker ID.
-APP_WORKER = 3
-
-
 def _setup(mode: str, workdir: Path) -> Path:
-    app = workdir / "autoapp"
-    (app / "migrations").mkdir(parents=True)
-    (app / "__init__.py").write_text("")
-    (app / "migrations" / "__init__.py").write_text("")
-    (app / "models.py").write_text(MODELS)
-    sys.path.insert(0, str(workdir))
-    import pymysql
-
-    pymysql.install_as_MySQLdb()
-    from django.conf import settings
-
-    snowflake: dict[str, Any] = {
-        "WORKER_SOURCE": "static", "WORKER_ID": APP_WORKER, "AUTO_FIELD_DATABASE_KEYS": True,
-    }
-    routers: list[str] = []
-    if mode == "elsewhere":
-        snowflake["CONTROL_DATABASE"] = "control"
-        routers = ["snowflake_db.django.routers.ControlDatabaseRouter"]
-    settings.configure(
-        INSTALLED_APPS=["django.contrib.contenttypes", "snowflake_db.django", "autoapp"],
-        DATABASES=json.loads(os.environ["KEYS_DATABASES"]),
-        DATABASE_ROUTERS=routers,
-        DEFAULT_AUTO_FIELD="snowflake_db.django.fields.SnowflakeAutoField",
-        SNOWFLAKE_DB=snowflake,
-        USE_TZ=True,
-    )
-    import django
-
-    django.setup()
+    app = write_app(workdir, "autoapp", MODELS)
+    setup(mode, workdir, "autoapp", AUTO_FIELD_DATABASE_KEYS=True)
     return app
 
 

@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.django.scenario_support import write_app
+
 MODELS = """
 from django.db import models
 
@@ -73,29 +75,30 @@ APP_WORKER = 3
 
 
 def _write_app(workdir: Path) -> Path:
-    app = workdir / "keyapp"
-    (app / "migrations").mkdir(parents=True)
-    (app / "__init__.py").write_text("")
-    (app / "migrations" / "__init__.py").write_text("")
+    app = write_app(workdir, "keyapp", MODELS.format(basket_default=""))
     (app / "migrations" / "0001_key_function.py").write_text(FUNCTION_MIGRATION)
-    (app / "models.py").write_text(MODELS.format(basket_default=""))
     return app
 
 
-def _setup(mode: str, workdir: Path) -> None:
+def setup(mode: str, workdir: Path, app: str = "keyapp", **snowflake_db: Any) -> None:
+    """Configure Django for the project in ``workdir`` with ``app``: the application's worker
+    ID static, the worker tables in the app's database (``same``) or the ``control`` alias
+    (``elsewhere``); more ``SNOWFLAKE_DB`` keys as keyword arguments."""
     sys.path.insert(0, str(workdir))
     import pymysql
 
     pymysql.install_as_MySQLdb()
     from django.conf import settings
 
-    snowflake: dict[str, Any] = {"WORKER_SOURCE": "static", "WORKER_ID": APP_WORKER}
+    snowflake: dict[str, Any] = {
+        "WORKER_SOURCE": "static", "WORKER_ID": APP_WORKER, **snowflake_db,
+    }
     routers: list[str] = []
     if mode == "elsewhere":
         snowflake["CONTROL_DATABASE"] = "control"
         routers = ["snowflake_db.django.routers.ControlDatabaseRouter"]
     settings.configure(
-        INSTALLED_APPS=["django.contrib.contenttypes", "snowflake_db.django", "keyapp"],
+        INSTALLED_APPS=["django.contrib.contenttypes", "snowflake_db.django", app],
         DATABASES=json.loads(os.environ["KEYS_DATABASES"]),
         DATABASE_ROUTERS=routers,
         DEFAULT_AUTO_FIELD="snowflake_db.django.fields.SnowflakeAutoField",
@@ -147,7 +150,7 @@ def alter(workdir: Path) -> dict[str, Any]:
     """An existing key takes the database default: AlterField, the trigger, raw inserts."""
     app = workdir / "keyapp"
     (app / "models.py").write_text(MODELS.format(basket_default=", db_default=KeyFunction()"))
-    _setup("same", workdir)
+    setup("same", workdir)
     from django.core.management import call_command
     from django.db import connection
     from keyapp.models import Basket, Item  # type: ignore[import-not-found]
@@ -226,7 +229,7 @@ def guarded(workdir: Path) -> dict[str, Any]:
     """KeyTriggerCheck: loud without the trigger, silent with it."""
     app = _write_app(workdir)
     (app / "models.py").write_text(GUARDED_MODELS)
-    _setup("same", workdir)
+    setup("same", workdir)
     from django.core.management import call_command
     from django.db import connection
 
@@ -279,7 +282,7 @@ def main() -> None:
         print(json.dumps(guarded(workdir)))
         return
     app = _write_app(workdir)
-    _setup(mode, workdir)
+    setup(mode, workdir)
     from django.core.management import call_command
     from django.db import connection, connections, transaction
     from django.db.migrations.state import ProjectState

@@ -69,3 +69,14 @@ def manage(*args: str, **options: Any) -> tuple[bool, str]:
     except SystemExit as exit_:
         return exit_.code in (0, None), out.getvalue()
     return True, out.getvalue()
+
+
+def write_app(workdir: Path, name: str, models: str) -> Path:
+    """An app package ``name`` under ``workdir`` with ``models`` and an empty migrations
+    package; its directory."""
+    app = workdir / name
+    (app / "migrations").mkdir(parents=True)
+    (app / "__init__.py").write_text("")
+    (app / "migrations" / "__init__.py").write_text("")
+    (app / "models.py").write_text(models)
+    return app
