@@ -23,6 +23,7 @@ from sqlalchemy.exc import OperationalError
 import snowflake_db
 from snowflake_db import (
     Layout,
+    LeaseExpiredError,
     MonotonicClock,
     SnowflakeError,
     SnowflakeGenerator,
@@ -113,7 +114,7 @@ def _issue_forever(
     gen = SnowflakeGenerator(allocator=alloc, layout=SINGLE_SLOT)
     ids: list[tuple[int, int]] = []
     errors: list[tuple[str, int]] = []
-    first = gen.next_id()
+    first = _first_id(gen)
     ready.put((first, _lease(gen).token))
     while not stop.is_set():
         try:
@@ -124,6 +125,21 @@ def _issue_forever(
             issuing.set()
         time.sleep(0.001)  # a steady stream of IDs, not a wait for anything
     log.put({"ids": [(first, 0), *ids], "errors": errors})
+
+
+def _first_id(gen: SnowflakeGenerator) -> int:
+    """The holder's first ID, however slow the machine: a lease whose acquiring round trip took
+    longer than the lease is past its local deadline at once and refuses (LeaseExpiredError,
+    rightly) until the heartbeat renews it; seen with a 1.5 s lease acquired in 1.9 s beside
+    two other suites. The tests judge what happens after the first ID, not how soon it came."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return gen.next_id()
+        except LeaseExpiredError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def test_sigkilled_holder_frees_its_slot_only_after_expiry(any_db: ScratchDatabase) -> None:
