@@ -120,6 +120,8 @@ class MultiprocessPublisher:
             _publisher = self
         self.interval_seconds = interval_seconds
         self._snapshot = snapshot
+        self._files_made_for: int | None = None
+        self._make_files()  # the values below open this process's files at once
         # registry=None: the scraping process reads the files, not a registry (and a second
         # registration of the same names would fail).
         self._counters = {
@@ -164,6 +166,7 @@ class MultiprocessPublisher:
             pid = os.getpid()
             if pid != self._pid:  # a fork that skipped the hooks: this child starts from zero
                 self._pid, self._published = pid, {}
+            self._make_files()
             for field, counter in self._counters.items():
                 total = getattr(snapshot, field)
                 grown = total - self._published.get(field, 0)
@@ -174,6 +177,27 @@ class MultiprocessPublisher:
                 value = getattr(snapshot, field)
                 if value is not None:
                     gauge.set(value)
+
+    def _make_files(self) -> None:
+        """Make this process's value files, each whole at once, before prometheus_client opens
+        them (in a forked child, at the first copy).
+
+        prometheus_client makes a missing file empty and only then sizes it: a scrape in
+        between fails on every process's figures (``struct.error``, "unpack_from requires a
+        buffer of at least 4 bytes"; seen here in a pool child's first copy), and a process
+        killed in between leaves the empty file for every later scrape
+        (https://github.com/prometheus/client_python/issues/1199). A file linked into place
+        already sized, all zeros, reads as holding no value yet, as a new one does; one that
+        exists (another metric of the process made it) is left as it is."""
+        pid = os.getpid()
+        if self._files_made_for == pid:
+            return
+        directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if directory:
+            prefixes = ["counter", *sorted({f"gauge_{mode}" for mode in _GAUGE_MODES.values()})]
+            for prefix in prefixes:
+                _make_value_file(os.path.join(directory, f"{prefix}_{pid}.db"))
+        self._files_made_for = pid
 
     def _publish_logged(self) -> None:
         """publish() for the thread and the exit paths: a failure is logged, never raised."""
@@ -211,6 +235,25 @@ class MultiprocessPublisher:
         self._lock = threading.Lock()  # the parent's is held by the fork
         self._pid, self._published = os.getpid(), {}
         self._start_thread()
+
+
+def _make_value_file(path: str) -> None:
+    """``path`` as prometheus_client makes a new value file (its initial size, zeros), appearing
+    whole: written under a name the scrape does not read, then linked into place."""
+    if os.path.exists(path):
+        return
+    from prometheus_client import mmap_dict
+
+    size = getattr(mmap_dict, "_INITIAL_MMAP_SIZE", 1 << 16)  # any size reads the same
+    temporary = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{threading.get_ident()}.new"
+    with open(temporary, "wb") as file:
+        file.truncate(size)
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        pass  # made meanwhile by prometheus_client itself (another metric of this process)
+    finally:
+        os.unlink(temporary)
 
 
 def _require_multiprocess_mode() -> None:

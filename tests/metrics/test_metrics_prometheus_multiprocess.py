@@ -24,7 +24,7 @@ REPO = str(Path(__file__).resolve().parents[2])
 #: first imported. Prints the scrapes as JSON.
 SCENARIO = textwrap.dedent(
     """
-    import json, multiprocessing, os, sys, time
+    import json, multiprocessing, os, select, sys, time
 
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
     from prometheus_client.parser import text_string_to_metric_families
@@ -86,7 +86,7 @@ SCENARIO = textwrap.dedent(
     if pid == 0:
         issue(500)
         os.write(ready_write, b"x")
-        os.read(done_read, 1)
+        select.select([done_read], [], [], 150)  # a parent that died must not hang the test
         raise SystemExit(0)
     os.read(ready_read, 1)
     # Its own thread copies its figures every 0.1 s, one counter after another: scrape until
@@ -202,6 +202,69 @@ def test_a_fork_during_a_copy_waits_for_it_and_the_child_copies(tmp_path: Path) 
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                             env=env, timeout=120, check=False)
     assert (result.returncode, result.stdout.strip()) == (0, "the child ended"), result.stderr
+
+
+#: Records the size of each value file prometheus_client opens, in the parent and in a forked
+#: child's first copy.
+FILES_WHOLE = textwrap.dedent(
+    """
+    import json, os
+
+    from prometheus_client import mmap_dict
+
+    opened = []
+    real_init = mmap_dict.MmapedDict.__init__
+
+    def recording_init(self, filename, read_mode=False):
+        size = os.path.getsize(filename) if os.path.exists(filename) else None
+        opened.append((os.getpid(), os.path.basename(filename), size))
+        real_init(self, filename, read_mode)
+
+    mmap_dict.MmapedDict.__init__ = recording_init
+
+    import snowflake_db
+    from snowflake_db.exporters.prometheus_multiprocess import publish_multiprocess
+
+    snowflake_db.configure(worker_id=3)
+    snowflake_db.snowflake_default()
+    publisher = publish_multiprocess(interval_seconds=3600)
+    publisher.publish()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        publisher.publish()  # the child's first copy opens its own files
+        os.write(write_end, json.dumps(opened).encode())
+        os._exit(0)
+    os.close(write_end)
+    child = json.loads(os.read(read_end, 1 << 20))
+    os.waitpid(pid, 0)
+    print(json.dumps({"parent": os.getpid(), "child": pid, "opened": child,
+                      "files": sorted(os.listdir(os.environ["PROMETHEUS_MULTIPROC_DIR"]))}))
+    """
+)
+
+
+def test_value_files_are_whole_before_prometheus_client_opens_them(tmp_path: Path) -> None:
+    """prometheus_client makes a missing value file empty and sizes it afterwards: a scrape in
+    between fails (struct.error; once in a pool child's first copy beside a second suite), and a
+    process killed in between leaves the empty file for good. The publisher makes its files
+    whole first, in the parent and in a forked child."""
+    directory = tmp_path / "prometheus"
+    directory.mkdir()
+    script = tmp_path / "files_whole.py"
+    script.write_text(FILES_WHOLE)
+    env = dict(os.environ, PYTHONPATH=REPO, PROMETHEUS_MULTIPROC_DIR=str(directory))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            env=env, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    by_process: dict[int, dict[str, int | None]] = {}
+    for pid, name, size in report["opened"]:
+        by_process.setdefault(pid, {})[name] = size
+    prefixes = ["counter", "gauge_livemin", "gauge_livesum", "gauge_max"]
+    for pid in (report["parent"], report["child"]):
+        assert by_process[pid] == {f"{prefix}_{pid}.db": 1 << 16 for prefix in prefixes}
+    assert not [name for name in report["files"] if not name.endswith(".db")]  # no leftovers
 
 
 def test_without_multiprocess_mode_the_error_says_how_to_set_it(
