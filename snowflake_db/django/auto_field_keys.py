@@ -97,11 +97,24 @@ def key_columns_without_database_keys(using: str) -> list[tuple[str, str]]:
             if trigger_name(table, column) not in triggers]
 
 
+def _plain(name: str) -> bool:
+    """Whether the key functions make a MariaDB trigger for this table or column name."""
+    from ..errors import InvalidArgumentError
+    from ..worker._schema import validate_identifier
+
+    try:
+        validate_identifier(name)
+    except InvalidArgumentError:
+        return False
+    return True
+
+
 def give_auto_fields_database_keys(using: str) -> list[str]:
     """Give every ``SnowflakeAutoField`` key on ``using`` that lacks one a key from the
     database (:mod:`this module <.auto_field_keys>`), installing the key function first when
     it is missing; return one line per change. Nothing happens on other databases than
-    PostgreSQL and MariaDB, or when every key has its default or trigger already."""
+    PostgreSQL and MariaDB, or when every key has its default or trigger already. MariaDB
+    tables whose names are not plain identifiers get no trigger (a line says so)."""
     connection = connections[using]
     missing = key_columns_without_database_keys(using)
     if not missing:
@@ -126,6 +139,10 @@ def give_auto_fields_database_keys(using: str) -> list[str]:
                     f"SET DEFAULT {key_default_sql('postgresql')}"
                 ))
                 done.append(f"{table}.{column}: DEFAULT {key_default_sql('postgresql')}")
+            elif not (_plain(table) and _plain(column)):
+                done.append(f"{table}.{column}: no trigger, the name is not a plain identifier "
+                            "(letters, digits, underscores): an INSERT without the key fails "
+                            "there")
             else:
                 trigger = install_key_trigger(bind, table, column, zero_default=False)
                 done.append(f"{table}.{column}: trigger {trigger}")

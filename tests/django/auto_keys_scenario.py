@@ -40,6 +40,13 @@ class Explicit(models.Model):
     name = models.CharField(max_length=20)
 
 
+class Accented(models.Model):  # Django's own tests have such a table (admin_views)
+    name = models.CharField(max_length=20)
+
+    class Meta:
+        db_table = "autoapp_héllo"
+
+
 class Counted(models.Model):
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=20)
@@ -128,6 +135,7 @@ def main() -> None:
         _raw("INSERT INTO autoapp_tag (name) VALUES ('raw1')"),
         _raw("INSERT INTO autoapp_counted (name) VALUES ('raw1')"),
     ]
+    result["accented"] = _raw("INSERT INTO autoapp_héllo (name) VALUES ('raw1')")
     orders = _keys("autoapp_order", "name LIKE 'raw%%'")
     raw = orders + _keys("autoapp_explicit", "name = 'raw1'") + _keys(
         "autoapp_tag", "name = 'raw1'")
