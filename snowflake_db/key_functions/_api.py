@@ -138,7 +138,7 @@ def install_key_trigger(
 ) -> str:
     """MariaDB: a ``BEFORE INSERT`` trigger on ``table`` filling a NULL or 0 ``column`` from
     ``name()``; a key the ``INSERT`` gives is kept. Returns the trigger's name (default
-    ``<table>_<column>_snowflake_key``).
+    ``<table>_<column>_snowflake_key``, cut past 63 characters to end with a hash).
 
     With ``zero_default`` the column also gets ``DEFAULT 0``: in strict mode MariaDB refuses an
     ``INSERT ... SELECT`` that leaves out a key without a default before the trigger can run;

@@ -67,6 +67,8 @@ RADIX = 256
 _SLEEP_S = 0.0002
 #: MariaDB's largest identifier.
 _MAX_NAME = 64
+#: The longest name :func:`~snowflake_db.worker._schema.validate_identifier` passes.
+_MAX_PLAIN = 63
 #: Seconds a call waits for another session's computation before it gives up.
 _LOCK_WAIT_S = 10
 
@@ -312,7 +314,10 @@ def last_issued_id(
 
 
 def trigger_name(table: str, column: str) -> str:
-    return f"{table}_{column}_snowflake_key"[:_MAX_NAME]
+    """``<table>_<column>_snowflake_key``; a longer name than a plain identifier's 63
+    characters is cut and ends with a hash of the whole (names cut alike stay apart)."""
+    name = f"{table}_{column}_snowflake_key"
+    return name if len(name) <= _MAX_PLAIN else _cut(name, _MAX_PLAIN)
 
 
 #: The end of the CHECK's name: what its failure means.

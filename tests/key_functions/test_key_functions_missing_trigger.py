@@ -86,6 +86,28 @@ def test_mariadb_without_the_trigger_refuses_a_missing_key(mariadb_db: ScratchDa
         engine.dispose()
 
 
+def test_mariadb_trigger_on_a_table_with_a_long_name(mariadb_db: ScratchDatabase) -> None:
+    """A table name of 50 characters (Django's auth_tests has one): the trigger's name is cut
+    to a plain identifier with a hash; two tables cut alike keep their own triggers. (It was
+    cut to 64 characters, which install_key_trigger then refused as not a plain identifier.)"""
+    tables = ["auth_tests_custompermissionsuser_user_permissions" + end for end in "ab"]
+    engine = create_engine(mariadb_db.url)
+    try:
+        worker_tables_in(engine)
+        install(engine)
+        with engine.begin() as conn:
+            triggers = []
+            for table in tables:
+                conn.execute(text(f"CREATE TABLE {table} (id BIGINT PRIMARY KEY, name TEXT)"))
+                triggers.append(install_key_trigger(conn, table, zero_default=False))
+                conn.execute(text(f"INSERT INTO {table} (name) VALUES ('raw')"))
+            keys = [conn.execute(text(f"SELECT id FROM {table}")).scalar_one() for table in tables]
+        assert all(len(name) <= 63 for name in triggers) and len(set(triggers)) == 2
+        assert all(key > 2**40 for key in keys)
+    finally:
+        engine.dispose()
+
+
 def test_mariadb_trigger_on_a_plain_column_brings_the_check(mariadb_db: ScratchDatabase) -> None:
     """``install_key_trigger`` (``zero_default``) gives a column without a default ``DEFAULT 0``
     and the CHECK with it; ``drop_key_trigger`` takes both away."""
