@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -52,11 +53,38 @@ class ServerUnavailableError(RuntimeError):
     """A throwaway server cannot run here (a binary or plugin is missing); says which."""
 
 
+#: The lowest port a throwaway server is given.
+_LOWEST_PORT = 10000
+#: How a server says its port was taken between free_port() and its own bind.
+_PORT_TAKEN = "Address already in use"
+#: Start attempts of a throwaway server, each on another port if the last one's was taken.
+_START_ATTEMPTS = 3
+
+
+def _ephemeral_ports_start() -> int:
+    """The first port the kernel hands to outgoing connections (32768 unless configured)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, below the kernel's range for
+    outgoing connections: a port from that range (what binding port 0 gives) can become an
+    outgoing connection's local port before the server binds it (a throwaway cluster lost
+    port 52229 so, beside a Django suite's connections)."""
+    highest = max(_ephemeral_ports_start(), _LOWEST_PORT + 1000)
+    chooser = random.SystemRandom()
+    for _ in range(200):
+        port = chooser.randrange(_LOWEST_PORT, highest)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port on 127.0.0.1 in {_LOWEST_PORT}..{highest - 1}")
 
 
 def _alive(pid: int) -> bool:
@@ -120,6 +148,7 @@ class ThrowawayPostgres:
         self.data = self.directory / "data"
         self.log = self.directory / "server.log"
         self.port = free_port()
+        self._started = False  # once it ran, its port is in URLs: a restart keeps it
         self._as_postgres = os.geteuid() == 0
         if self._as_postgres:
             account = pwd.getpwnam("postgres")
@@ -153,17 +182,27 @@ class ThrowawayPostgres:
         subprocess.run(command, check=True, capture_output=True, timeout=120)
 
     def start(self) -> None:
-        options = (
-            f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-            "-c max_connections=100 -c shared_buffers=16MB"
-        )
-        try:
-            self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options,
-                      "-w", "-t", str(int(START_TIMEOUT_S)), "start")
-        except subprocess.CalledProcessError as error:
-            log = self.log.read_text() if self.log.exists() else ""
-            raise RuntimeError(f"PostgreSQL on port {self.port} did not start:\n{log}") from error
+        """Start the cluster and wait for it. At its first start, on another port (at most
+        :data:`_START_ATTEMPTS` in all) if its port was taken before the postmaster bound it."""
+        attempts = 1 if self._started else _START_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            options = (
+                f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 "
+                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+                "-c max_connections=100 -c shared_buffers=16MB"
+            )
+            try:
+                self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options,
+                          "-w", "-t", str(int(START_TIMEOUT_S)), "start")
+                self._started = True
+                return
+            except subprocess.CalledProcessError as error:
+                log = self.log.read_text() if self.log.exists() else ""
+                if _PORT_TAKEN not in log or attempt == attempts:
+                    raise RuntimeError(
+                        f"PostgreSQL on port {self.port} did not start:\n{log}") from error
+            self.port = free_port()
+            self.log.unlink(missing_ok=True)
 
     def stop(self, *, immediate: bool = False) -> None:
         """Stop the postmaster by its PID: SIGINT (fast shutdown) or SIGQUIT (immediate)."""
@@ -288,6 +327,7 @@ class ThrowawayMariaDB:
         self.log = self.directory / "server.log"
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self._started = False  # once it ran, its port is in URLs: a restart keeps it
         self._as_root = os.geteuid() == 0
         self._user = ["--user=mysql"] if self._as_root else []
         self._environment = {**os.environ, "TMPDIR": str(self.tmp)}
@@ -351,19 +391,36 @@ class ThrowawayMariaDB:
         assert self.process is not None, "launch() first"
 
         deadline = time.monotonic() + START_TIMEOUT_S
+        moves = 0 if self._started else _START_ATTEMPTS - 1
         while True:
+            if self.process.poll() is not None:  # it ended: never ask the port who answers
+                if moves and _PORT_TAKEN in self.log.read_text():
+                    moves -= 1  # its port was taken before it bound it: another one
+                    self.port = free_port()
+                    self.launch()
+                    continue
+                raise RuntimeError(
+                    f"mariadbd on port {self.port} did not start:\n{self.log.read_text()}")
             try:
-                self.connect().close()
-                return
+                connection = self.connect(read_timeout=5)  # a listener that never greets
             # pymysql.MySQLError, not pymysql.err.*: Django's MySQL backend imports MySQLdb.*
             # through pymysql's install_as_MySQLdb() shim, which loads a second copy of
             # pymysql.err and rebinds pymysql.err to it.
             except pymysql.MySQLError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
+                if time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"mariadbd on port {self.port} did not start:\n{self.log.read_text()}"
-                    ) from None
+                        f"mariadbd on port {self.port} did not start in {START_TIMEOUT_S:g} s:"
+                        f"\n{self.log.read_text()}") from None
                 time.sleep(0.2)
+                continue
+            with connection, connection.cursor() as cursor:  # this server, not another's
+                cursor.execute("SELECT @@datadir")
+                datadir = str(cursor.fetchone()[0])
+            if Path(datadir).resolve() != self.data.resolve():
+                raise RuntimeError(f"port {self.port} is served by another mariadbd "
+                                   f"({datadir}), not this one ({self.data})")
+            self._started = True
+            return
 
     def connect(self, database: str | None = None, **options: Any) -> Any:
         """A pymysql connection as root, autocommit."""

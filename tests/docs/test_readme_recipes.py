@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
+from example_project.local_servers import free_port
 from snowflake_db import Layout
 
 from ..plugins.scheduler_delay import communicate_patiently, run_patiently, wait_patiently
@@ -38,12 +39,6 @@ def _readme_block(first_line: str) -> str:
             if token.type == "fence" and token.content.startswith(first_line + "\n"):
                 return token.content
     raise AssertionError(f"no block of README.md or docs/ starts with {first_line!r}")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture
@@ -75,7 +70,7 @@ def _stop(server: subprocess.Popen[str]) -> str:
 
 
 def test_uvicorn_workers_each_lease_their_own_worker_id(app_dir: Path) -> None:
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [str(BIN / "uvicorn"), "app:app", "--workers", "2", "--port", str(port)],
         cwd=app_dir, env=_environment(SNOWFLAKE_WORKER_URL=f"sqlite:///{app_dir}/control.db"),
@@ -109,7 +104,7 @@ def test_uvicorn_workers_each_lease_their_own_worker_id(app_dir: Path) -> None:
 def test_static_worker_id_under_uvicorn_reload_stops_start_up_saying_what_to_do(
     app_dir: Path,
 ) -> None:
-    port = _free_port()
+    port = free_port()
     log = app_dir / "server.log"
     with log.open("w") as sink:
         server = subprocess.Popen(
@@ -174,7 +169,7 @@ def test_gunicorn_preload_post_fork_leases_one_worker_id_per_worker(tmp_path: Pa
     (tmp_path / "wsgiapp.py").write_text(WSGI_APP)
     control = tmp_path / "control.db"
     server = subprocess.Popen(
-        [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", f"127.0.0.1:{_free_port()}",
+        [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", f"127.0.0.1:{free_port()}",
          "wsgiapp:app"],
         cwd=tmp_path, env=_environment(SNOWFLAKE_WORKER_URL=f"sqlite:///{control}"),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -242,7 +237,7 @@ def _start_metrics_server(tmp_path: Path, conf_tail: str = "") -> tuple[subproce
         _readme_block("# metrics.py: the /metrics endpoint, served by any worker"))
     (tmp_path / "wsgiapp.py").write_text(METRICS_WSGI_APP)
     (tmp_path / "prom").mkdir()
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--workers", "2",
          "--bind", f"127.0.0.1:{port}", "wsgiapp:app"],

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from example_project.local_servers import free_port
 
 from .packaging_support import REPO, install, run
 
@@ -111,12 +112,6 @@ def _wheelhouse(own_wheel: Path, out: Path) -> None:
         wanted += _requires(metadata, set(requirement.extras))
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("quickstart")
@@ -155,7 +150,7 @@ def test_uvicorn_serves_the_app_as_written(venv: Path, tmp_path: Path) -> None:
     *assignments, program, target = command.split()
     assert program == "uvicorn" and target == "app:app", command
     env = _env(venv) | dict(a.split("=", 1) for a in assignments)
-    port = _free_port()  # the command as written, on a port nobody else uses
+    port = free_port()  # the command as written, on a port nobody else uses
     server = subprocess.Popen([program, target, "--port", str(port)], cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
