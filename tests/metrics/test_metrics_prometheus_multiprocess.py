@@ -191,16 +191,21 @@ FORK_DURING_A_COPY = textwrap.dedent(
 )
 
 
+def _run_scenario(tmp_path: Path, scenario: str) -> subprocess.CompletedProcess[str]:
+    """``scenario`` run in a fresh interpreter with its own ``PROMETHEUS_MULTIPROC_DIR``."""
+    directory = tmp_path / "prometheus"
+    directory.mkdir()
+    script = tmp_path / "scenario.py"
+    script.write_text(scenario)
+    env = dict(os.environ, PYTHONPATH=REPO, PROMETHEUS_MULTIPROC_DIR=str(directory))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
+
+
 def test_a_fork_during_a_copy_waits_for_it_and_the_child_copies(tmp_path: Path) -> None:
     """prometheus_client's multiprocess values share one plain lock, which the publisher's
     thread takes: a fork while it held it gave the child a lock nobody would release."""
-    directory = tmp_path / "prometheus"
-    directory.mkdir()
-    script = tmp_path / "fork_during_a_copy.py"
-    script.write_text(FORK_DURING_A_COPY)
-    env = dict(os.environ, PYTHONPATH=REPO, PROMETHEUS_MULTIPROC_DIR=str(directory))
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            env=env, timeout=120, check=False)
+    result = _run_scenario(tmp_path, FORK_DURING_A_COPY)
     assert (result.returncode, result.stdout.strip()) == (0, "the child ended"), result.stderr
 
 
@@ -249,13 +254,7 @@ def test_value_files_are_whole_before_prometheus_client_opens_them(tmp_path: Pat
     between fails (struct.error; once in a pool child's first copy beside a second suite), and a
     process killed in between leaves the empty file for good. The publisher makes its files
     whole first, in the parent and in a forked child."""
-    directory = tmp_path / "prometheus"
-    directory.mkdir()
-    script = tmp_path / "files_whole.py"
-    script.write_text(FILES_WHOLE)
-    env = dict(os.environ, PYTHONPATH=REPO, PROMETHEUS_MULTIPROC_DIR=str(directory))
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            env=env, timeout=120, check=False)
+    result = _run_scenario(tmp_path, FILES_WHOLE)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     by_process: dict[int, dict[str, int | None]] = {}
