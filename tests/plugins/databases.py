@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+import pymysql
 import pytest
 from sqlalchemy import MetaData, create_engine, event, text
 from sqlalchemy.engine import URL, Engine, make_url
@@ -146,9 +147,34 @@ def drop_database(database: ScratchDatabase) -> None:
             if database.backend == "postgresql":
                 connection.execute(text(f'DROP DATABASE IF EXISTS "{database.name}" WITH (FORCE)'))
             else:
-                connection.execute(text(f"DROP DATABASE IF EXISTS `{database.name}`"))
+                drop_mariadb_database(connection.connection.cursor(), database.name)
     finally:
         admin.dispose()
+
+
+#: How long a MariaDB DROP DATABASE waits for another session's lock on one of its tables
+#: before it fails (the server's own lock_wait_timeout is a day).
+DROP_LOCK_WAIT_S = 60
+#: ER_NO_SUCH_THREAD: KILL of a session that has ended.
+_UNKNOWN_THREAD = 1094
+
+
+def drop_mariadb_database(cursor: Any, name: str) -> None:
+    """``DROP DATABASE`` on MariaDB as PostgreSQL's ``WITH (FORCE)`` does it: the sessions still
+    using the database are killed first, since a transaction one of them left open (a failed
+    test's connection, a child still running) holds a metadata lock the drop would wait a day
+    for; a lock held from elsewhere fails the drop in :data:`DROP_LOCK_WAIT_S`, saying so.
+    ``cursor``: a DB-API cursor on the server, in autocommit mode."""
+    cursor.execute(f"SET SESSION lock_wait_timeout = {DROP_LOCK_WAIT_S}")
+    cursor.execute("SELECT ID FROM information_schema.PROCESSLIST "
+                   "WHERE DB = %s AND ID <> CONNECTION_ID()", (name,))
+    for (session,) in cursor.fetchall():
+        try:
+            cursor.execute(f"KILL {int(session)}")
+        except pymysql.MySQLError as error:  # it ended by itself meanwhile
+            if error.args[0] != _UNKNOWN_THREAD:
+                raise
+    cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from example_project import local_servers
 from snowflake_db.sharding.moves import Leftovers, wait_until
 from snowflake_db.sharding.moves._mariadb import FENCE_ERRNO, MariaDBMoveBackend
 
-from .databases import unavailable
+from .databases import drop_mariadb_database, unavailable
 from .shard_moves import CONNECT_TIMEOUT_S, STEP_TIMEOUT_S, BasePair, MoveThread, Setup, server_pair
 
 DDL = [
@@ -182,7 +182,7 @@ def make_pair(servers: Servers, prefix: str = "mvdb") -> Iterator[Pair]:
     finally:
         for server in (servers.source, servers.target):
             with server.connect() as connection, connection.cursor() as cursor:
-                cursor.execute(f"DROP DATABASE IF EXISTS {db}")
+                drop_mariadb_database(cursor, db)
 
 
 def is_fence_refusal(error: BaseException) -> bool:
@@ -360,7 +360,7 @@ class MariaDBKind:
     def drop_database(self, server: Server, name: str) -> None:
         with suppress(pymysql.MySQLError), server.connect() as connection, \
                 connection.cursor() as cursor:
-            cursor.execute(f"DROP DATABASE IF EXISTS {name}")
+            drop_mariadb_database(cursor, name)
 
 
 KIND = MariaDBKind()
