@@ -24,7 +24,12 @@ from markdown_it import MarkdownIt
 from example_project.local_servers import free_port
 from snowflake_db import Layout
 
-from ..plugins.scheduler_delay import communicate_patiently, run_patiently, wait_patiently
+from ..plugins.scheduler_delay import (
+    communicate_patiently,
+    kill_and_collect,
+    run_patiently,
+    wait_patiently,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -64,8 +69,7 @@ def _stop(server: subprocess.Popen[str]) -> str:
     server.send_signal(signal.SIGINT)
     output = communicate_patiently(server, 30)
     if output is None:
-        server.kill()
-        output = server.communicate()
+        output = kill_and_collect(server)
     return output[0]
 
 

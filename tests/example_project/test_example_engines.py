@@ -16,9 +16,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import psycopg
 import pytest
@@ -103,6 +105,10 @@ def test_shop_on_throwaway_servers_it_starts_and_stops(engine: str) -> None:
     assert result.stderr == ""  # no progress frames (no terminal), no release warnings
 
 
+#: How long the SIGTERM test's demo may take to start its servers and migrate (about 10 s).
+MIGRATED_WITHIN_S = 240.0
+
+
 def test_sigterm_stops_the_throwaway_servers(tmp_path: Path) -> None:
     """Stopped at the end even on failure: SIGTERM while orders are placed."""
     _require("postgresql-fdw")
@@ -117,23 +123,36 @@ def test_sigterm_stops_the_throwaway_servers(tmp_path: Path) -> None:
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
     assert demo.stdout is not None
     lines: list[str] = []
-    try:
-        for line in demo.stdout:  # ends when the demo does; bounded by the wait below
-            lines.append(line)
-            if line.startswith("migrated:"):
-                demo.send_signal(signal.SIGTERM)
-                break
-        rest, _ = demo.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
+
+    def abort(why: str) -> NoReturn:
         demo.send_signal(signal.SIGABRT)
         time.sleep(5)
         for pids in re.findall(r"servers, pids ([\d, ]+);", "".join(lines)):
             for pid in pids.split(", "):  # the servers the aborted demo can no longer stop
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGQUIT)
-        pytest.fail("the demo outlasted 120 s after SIGTERM; its output and stacks:\n"
+        pytest.fail(f"the demo {why}; its output and stacks:\n"
                     + "".join(lines) + errors.read_text()[-6000:])
+
+    # A demo stalled before it migrated would keep the loop below reading for ever: SIGABRT
+    # (its stacks printed) ends its output.
+    watchdog = threading.Timer(MIGRATED_WITHIN_S, demo.send_signal, (signal.SIGABRT,))
+    watchdog.start()
+    try:
+        for line in demo.stdout:  # ends when the demo does
+            lines.append(line)
+            if line.startswith("migrated:"):
+                watchdog.cancel()
+                demo.send_signal(signal.SIGTERM)
+                break
+        else:
+            watchdog.cancel()
+            abort(f"ended or stalled without migrating in {MIGRATED_WITHIN_S:g} s")
+        rest, _ = demo.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        abort("outlasted 120 s after SIGTERM")
     finally:
+        watchdog.cancel()
         if demo.poll() is None:
             demo.kill()
             demo.wait()

@@ -20,13 +20,16 @@ so an overloaded machine cannot turn the guard into a failure while a real hang 
 from __future__ import annotations
 
 import bisect
+import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -129,8 +132,7 @@ class SchedulerDelay:
         with process:
             output = self.communicate(process, bound)
             if output is None:
-                process.kill()
-                process.communicate()
+                kill_and_collect(process)
                 raise subprocess.TimeoutExpired(list(args), bound)
         return subprocess.CompletedProcess(list(args), process.returncode, *output)
 
@@ -138,6 +140,45 @@ class SchedulerDelay:
         """The latest the probe ever ran, in seconds past its due time."""
         with self._lock:
             return max((w - d for d, w in zip(self._due, self._woke, strict=True)), default=0.0)
+
+
+#: How long the pipes of a killed process may stay open (its descendants being killed too).
+KILLED_OUTPUT_WAIT_S = 30.0
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc), children before their own children."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # it ended meanwhile
+                continue
+            parent = int(stat.rpartition(")")[2].split()[1])
+            parents.setdefault(parent, []).append(int(entry.name))
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        children = parents.get(pending.pop(), [])
+        found += children
+        pending += children
+    return found
+
+
+def kill_and_collect(process: subprocess.Popen[Any]) -> tuple[Any, Any]:
+    """Kill ``process`` and every process below it, and return what it wrote. Its children
+    inherit its pipes (a killed uvicorn's workers, a killed demo's order processes), so killing
+    it alone left ``communicate()`` waiting for ever on pipes they kept open; what still holds
+    them :data:`KILLED_OUTPUT_WAIT_S` later fails the test, saying so."""
+    for pid in [process.pid, *_descendants(process.pid)]:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    try:
+        return process.communicate(timeout=KILLED_OUTPUT_WAIT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"process {process.pid} ({process.args}) was killed, but its output is still "
+                    f"held open {KILLED_OUTPUT_WAIT_S:g} s later by a process outside its tree")
 
 
 def lapse_excuse(lease_seconds: float) -> float:

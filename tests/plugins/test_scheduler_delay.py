@@ -3,13 +3,15 @@ nothing outside the window it is asked about."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from .scheduler_delay import SchedulerDelay
+from .scheduler_delay import SchedulerDelay, kill_and_collect
 
 
 def _hold_the_gil(seconds: float) -> None:
@@ -76,3 +78,31 @@ def test_run_returns_the_output_and_kills_a_child_past_its_patience() -> None:
         assert time.monotonic() - started < 30  # killed, not waited for
     finally:
         probe.stop()
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie nobody has reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+def test_a_killed_process_takes_the_children_holding_its_output_with_it() -> None:
+    parent = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE,
+                               text=True)
+    assert process.stdout is not None
+    child = int(process.stdout.readline())
+    kill_and_collect(process)  # the child kept the pipe open: communicate() waited 300 s
+    assert process.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while not _ended(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _ended(child)
