@@ -27,6 +27,7 @@ from snowflake_db.django.narrow_columns import narrow_columns
 from snowflake_db.django.worker import DjangoTableWorkerAllocator, configure_from_settings
 from tests.django.conftest import backends
 from tests.django_project.shop.models import Customer, Order
+from tests.plugins.core_support import wait_forked
 from tests.plugins.outage_support import STEADY_LEASE_SECONDS
 
 LAYOUT = snowflake_db.Layout()
@@ -366,8 +367,7 @@ def test_prefork_children_each_lease_their_own_worker_id(
                 os._exit(status)
         pids.append(pid)
     for pid in pids:
-        _, status = os.waitpid(pid, 0)
-        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child {pid} failed"
+        assert wait_forked(pid, 300) == 0, f"child {pid} failed"
     rows = list(Order.objects.values_list("pk", "created_by_pid"))
     assert len(rows) == children * rows_per_child
     assert len({pk for pk, _ in rows}) == len(rows)  # zero duplicate keys

@@ -3,6 +3,7 @@ strategies, a fake allocator that speaks the lease protocol, and running code in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import select
@@ -165,6 +166,25 @@ def run_in_fork(child: Callable[[], Any], fork: Callable[[], int] = os.fork) -> 
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the forked child crashed"
     return pickle.loads(b"".join(chunks))
+
+
+def wait_forked(pid: int, bound_s: float = FORK_TIMEOUT_S) -> int:
+    """Wait for forked child ``pid`` and return its exit code; one still running after
+    ``bound_s`` (deadlocked on something it inherited) fails the test instead of hanging the
+    run: SIGABRT first, so that faulthandler (pytest enables it; the child inherits it) prints
+    the child's stacks, then SIGKILL."""
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGABRT)
+    time.sleep(2)  # the stacks are written
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(f"forked child {pid} still ran after {bound_s:g} s (its stacks are above)")
 
 
 def is_stopped(pid: int) -> bool:

@@ -38,7 +38,7 @@ from snowflake_db.worker import (
 from snowflake_db.worker._engine import idle_transaction_seconds
 from snowflake_db.worker._store import db_now_ms
 
-from ..plugins.core_support import is_stopped
+from ..plugins.core_support import is_stopped, wait_forked
 from ..plugins.databases import ScratchDatabase
 from ..plugins.outage_support import STEADY_LEASE_SECONDS
 from ..plugins.scheduler_delay import SchedulerDelay
@@ -407,8 +407,7 @@ def test_fork_after_use_gives_each_child_its_own_slot(
             pids.append(pid)
         parent_ids.extend(snowflake_db.snowflake_default() for _ in range(5000))
         for pid in pids:
-            _, status = os.waitpid(pid, 0)
-            assert os.waitstatus_to_exitcode(status) == 0
+            assert wait_forked(pid, 300) == 0
         reports = [json.loads((tmp_path / f"child{i}.json").read_text()) for i in range(8)]
         errors = [report["error"] for report in reports if "error" in report]
         assert not errors, errors[0]
@@ -552,7 +551,7 @@ def test_forked_child_never_uses_or_closes_inherited_connections(
                 out.write_text(json.dumps({"error": traceback.format_exc()}))
             finally:
                 os._exit(0)
-        os.waitpid(pid, 0)
+        wait_forked(pid)
         report = json.loads(out.read_text())
         assert "error" not in report, report.get("error")
         assert report["backend"] != parent_backend
