@@ -59,6 +59,19 @@ def _child_slots(url: str, parent_worker: int) -> dict[int, str]:
     return {w: row.state for w, row in read_slots(url).items() if w != parent_worker}
 
 
+#: How long a pool's tasks may take (seconds each): a child that dies or hangs in a task leaves
+#: ``Pool.map`` waiting for ever.
+TASKS_TIMEOUT_S = 120
+
+
+def _finished(tasks: Any) -> Any:
+    """The results of ``map_async``'s ``tasks``, or a failure naming the hang."""
+    try:
+        return tasks.get(TASKS_TIMEOUT_S)
+    except multiprocessing.TimeoutError:
+        pytest.fail(f"the pool's tasks did not finish in {TASKS_TIMEOUT_S} s")
+
+
 def _pool(method: str, url: str, **options: Any) -> Any:
     context = pool_context(method)
     if method != "fork":
@@ -76,7 +89,7 @@ def test_leaving_a_pool_block_releases_busy_and_idle_childrens_slots(
     parent = _Parent(url)
     try:
         with _pool(method, url) as pool:
-            results = pool.map(issue_ids, range(30), chunksize=1)
+            results = _finished(pool.map_async(issue_ids, range(30), chunksize=1))
             busy = pool.map_async(lease_then_wait, [str(markers)] * CHILDREN, chunksize=1)
             # Every child holds a lease and is asleep in a task when the block ends.
             assert wait_for(lambda: len(os.listdir(markers)) == CHILDREN, 60)
@@ -104,7 +117,7 @@ def test_recycled_children_ended_halfway_through_their_exit_still_release(
     try:
         for _ in range(3):
             with _pool("fork", url, maxtasksperchild=1) as pool:
-                results = pool.map(issue_ids, range(10), chunksize=1)
+                results = _finished(pool.map_async(issue_ids, range(10), chunksize=1))
             assert [error for *_, error in results] == [None] * 10
             slots = _child_slots(url, parent.worker_id)
             assert all(state == "free" for state in slots.values()), slots
@@ -158,7 +171,7 @@ def test_install_signal_handlers_in_a_pool_child_keeps_one_release(
     parent = _Parent(url)
     try:
         with _pool("fork", url) as pool:
-            workers = pool.map(lease_then_install_handlers, range(12), chunksize=1)
+            workers = _finished(pool.map_async(lease_then_install_handlers, range(12), chunksize=1))
         slots = _child_slots(url, parent.worker_id)
     finally:
         parent.close()
