@@ -342,11 +342,11 @@ class InstallKeyFunction(_KeyOperation):
 
     Its worker ID is a slot reserved forever in the worker tables of
     ``SNOWFLAKE_DB["CONTROL_DATABASE"]`` (its table names from ``ALLOCATOR_OPTIONS``), found
-    again by ``label`` (default ``<backend>-function:<database>:<schema>.<name>``); the layout is
-    ``SNOWFLAKE_DB``'s. On the control database itself the reservation runs in the migration's
-    transaction: the migration must depend on ``snowflake_db``'s (the worker tables). Put it
-    before the models whose ``db_default`` is :class:`KeyFunction` (PostgreSQL checks the
-    function exists when a default names it).
+    again by ``label`` (default ``<backend>-function:<database>@<server>:<schema>.<name>``,
+    the server's own identity); the layout is ``SNOWFLAKE_DB``'s. On the control database
+    itself the reservation runs in the migration's transaction: the migration must depend on
+    ``snowflake_db``'s (the worker tables). Put it before the models whose ``db_default`` is
+    :class:`KeyFunction` (PostgreSQL checks the function exists when a default names it).
     """
 
     def __init__(

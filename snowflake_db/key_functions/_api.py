@@ -41,7 +41,8 @@ def install_key_function(
 
     PostgreSQL gets a PL/pgSQL function, MariaDB a stored function (use it through
     :func:`install_key_trigger`). Its worker ID is a slot reserved forever under ``label``
-    (default ``<backend>-function:<database>:<schema>.<name>``) in the worker tables of this
+    (default ``<backend>-function:<database>@<server>:<schema>.<name>``, the server's own
+    identity: databases of one name on two servers get two slots) in the worker tables of this
     database, or of the control database at ``control_url``; a second call with the same label
     finds that reservation again. ``layout`` (default the default layout) must be the one the
     worker tables record, else :class:`~snowflake_db.errors.LayoutMismatchError`.
@@ -213,10 +214,24 @@ def _mariadb_only(conn: Connection, what: str) -> None:
         )
 
 
+#: The server's identity for a label: PostgreSQL's system identifier (made by initdb, kept by
+#: physical copies of the cluster), MariaDB's server_uid (derived from the host's hardware
+#: address, data directory and port).
+_SERVER_IDENTITY_SQL = {
+    "postgresql": "SELECT system_identifier::text FROM pg_control_system()",
+    "mariadb": "SELECT @@server_uid",
+}
+
+
+def server_identity(conn: Connection, backend: str) -> str:
+    """The identity of the server ``conn`` is on, for :meth:`FunctionSpec.default_label`."""
+    return str(conn.scalar(text(_SERVER_IDENTITY_SQL[backend])))
+
+
 def _label(conn: Connection, spec: FunctionSpec, place: SlotPlace) -> str:
     if place.label is not None:
         return place.label
     database = conn.engine.url.database
     if spec.backend == "mariadb" and not database:
         database = conn.scalar(text("SELECT DATABASE()"))
-    return spec.default_label(database)
+    return spec.default_label(database, server_identity(conn, spec.backend))

@@ -79,13 +79,15 @@ class FunctionSpec:
         digest = zlib.crc32(f"{self.schema or ''}.{self.name}".encode())
         return digest - 2**32 if digest >= 2**31 else digest
 
-    def default_label(self, database: str | None) -> str:
-        """The reservation's label: ``<backend>-function:<database>:<schema>.<name>``."""
+    def default_label(self, database: str | None, server: str) -> str:
+        """The reservation's label: ``<backend>-function:<database>@<server>:<schema>.<name>``.
+        ``server`` is the server's own identity (``_api.server_identity``): shard servers often
+        hold databases of one name, and each function needs a slot of its own."""
         if self.backend == "mariadb":
             where = f"{self.schema or database or ''}.{self.name}"
-            return f"mariadb-function:{database or ''}:{where}"[:NAME_LENGTH]
-        where = f"{self.schema or 'public'}.{self.name}"
-        return f"postgresql-function:{database or ''}:{where}"[:NAME_LENGTH]
+        else:
+            where = f"{self.schema or 'public'}.{self.name}"
+        return f"{self.backend}-function:{database or ''}@{server}:{where}"[:NAME_LENGTH]
 
 
 @dataclass(frozen=True)

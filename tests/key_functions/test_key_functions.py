@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 
+from example_project import local_servers
 from snowflake_db import Layout
 from snowflake_db.clock import wall_clock
 from snowflake_db.errors import (
@@ -22,12 +23,13 @@ from snowflake_db.errors import (
 from snowflake_db.key_functions import (
     drop_key_function,
     drop_key_trigger,
+    install_key_function,
     install_key_trigger,
     key_default_sql,
 )
 from snowflake_db.worker import TableLease, TableWorkerAllocator
 
-from ..plugins.databases import ScratchDatabase, drop_database
+from ..plugins.databases import ScratchDatabase, drop_database, unavailable
 from .support import (
     install,
     keyed_table,
@@ -60,7 +62,11 @@ def test_raw_inserts_get_keys_and_given_keys_are_kept(db: ScratchDatabase) -> No
         assert slot["worker_id"] == worker_id == LAYOUT.max_worker_id
         assert slot["expires_at_ms"] is None and slot["lease_token"]
         backend = "postgresql" if engine.dialect.name == "postgresql" else "mariadb"
-        assert slot["label"] == f"{backend}-function:{db.url.database}:" + (
+        with engine.connect() as conn:  # the server's identity: system identifier, server_uid
+            server = conn.scalar(text(
+                "SELECT system_identifier::text FROM pg_control_system()"
+                if backend == "postgresql" else "SELECT @@server_uid"))
+        assert slot["label"] == f"{backend}-function:{db.url.database}@{server}:" + (
             "public.snowflake_next_id" if backend == "postgresql"
             else f"{db.url.database}.snowflake_next_id"
         )
@@ -391,3 +397,97 @@ def _running_insert(engine: Any, connection_ids: list[int]) -> bool:
                 {"id": connection_ids[0]},
             )
         )
+
+
+def test_a_copy_of_a_database_is_given_its_own_slot_before_it_takes_writes(
+    database_factory: Any,
+) -> None:
+    """A copy (here ``CREATE DATABASE ... TEMPLATE``; a restored dump or a promoted replica
+    alike) carries the function with the original's worker ID baked in: both would issue the
+    same keys. The documented repair gives the copy a slot of its own and keeps the original's."""
+    control_db: ScratchDatabase = database_factory("postgresql")
+    original_db: ScratchDatabase = database_factory("postgresql")
+    copy_db: ScratchDatabase = database_factory("postgresql")
+    control = create_engine(control_db.url)
+    original = create_engine(original_db.url)
+    admin = create_engine(control_db.url, isolation_level="AUTOCOMMIT")
+    try:
+        worker_tables_in(control)
+        worker_id = install(original, control_url=control_db.url_string)
+        keyed_table(original)
+        original.dispose()  # a template has no other session
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE "{copy_db.name}"'))
+            conn.execute(text(f'CREATE DATABASE "{copy_db.name}" TEMPLATE "{original_db.name}"'))
+        copy = copy_db.engine()
+
+        def worker_of_a_new_row(engine: Any) -> int:
+            with engine.begin() as conn:
+                key = conn.scalar(text("INSERT INTO events (who) VALUES ('x') RETURNING id"))
+            return LAYOUT.decode(key).worker_id
+
+        assert worker_of_a_new_row(copy) == worker_id  # the hazard: the original's worker ID
+
+        with copy.begin() as conn:  # the repair, before the copy takes writes of its own
+            conn.execute(text("ALTER TABLE events ALTER COLUMN id DROP DEFAULT"))
+            assert drop_key_function(conn, control_url=control_db.url_string,
+                                     release_worker=False) is None
+            own = install_key_function(conn, control_url=control_db.url_string)  # its own label
+            conn.execute(text(f"ALTER TABLE events ALTER COLUMN id SET DEFAULT "
+                              f"{key_default_sql('postgresql')}"))
+        assert own != worker_id
+        assert worker_of_a_new_row(copy) == own
+        assert worker_of_a_new_row(original) == worker_id
+        reserved = {s["worker_id"] for s in slots(control) if s["lease_token"]}
+        assert reserved == {worker_id, own}  # the original's slot stayed reserved
+    finally:
+        admin.dispose()
+        original.dispose()
+        control.dispose()
+
+
+def _another_server(backend: str) -> Any:
+    """A throwaway server of ``backend``, started (its ``close()`` stops and removes it)."""
+    problem = (local_servers.postgres_unavailable() if backend == "postgresql"
+               else local_servers.mariadb_unavailable())
+    if problem:
+        unavailable(problem)
+    server = (local_servers.ThrowawayPostgres() if backend == "postgresql"
+              else local_servers.ThrowawayMariaDB())
+    try:
+        server.start()
+    except BaseException:
+        server.close()
+        raise
+    return server
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_databases_of_one_name_on_two_servers_get_slots_of_their_own(
+    backend: str, database_factory: Any
+) -> None:
+    """Shard servers often each hold a database of the same name ("shop"). The default label
+    names the server too: a second server's install must not find the first's reservation and
+    bake the same worker ID into its function."""
+    control_db: ScratchDatabase = database_factory(backend)
+    first_db: ScratchDatabase = database_factory(backend)
+    server = _another_server(backend)
+    control = create_engine(control_db.url)
+    first = create_engine(first_db.url)
+    try:
+        server.create_database(first_db.name)
+        second = create_engine(server.url(first_db.name))
+        worker_tables_in(control)
+        workers = [install(engine, control_url=control_db.url_string)
+                   for engine in (first, second)]
+        assert workers[0] != workers[1]
+        with second.begin() as conn:  # installed again: it finds its own reservation
+            drop_key_function(conn, control_url=control_db.url_string, release_worker=False)
+        assert install(second, control_url=control_db.url_string) == workers[1]
+        second.dispose()
+        reserved = {s["label"]: s["worker_id"] for s in slots(control) if s["lease_token"]}
+        assert sorted(reserved.values()) == sorted(workers), reserved
+    finally:
+        first.dispose()
+        control.dispose()
+        server.close()
