@@ -340,6 +340,11 @@ def split_evenly(total: int, parts: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
+#: How long the order processes may go without a word (each reports every few orders) before
+#: the demo stops waiting for them and reports the shortfall.
+STALL_S = 120.0
+
+
 def place_orders_in_processes(
     options: Options, customer_ids: list[int], child: Callable[..., None]
 ) -> tuple[list[int], float]:
@@ -364,14 +369,28 @@ def place_orders_in_processes(
     placed: list[int] = []
     leased: list[tuple[int, int, int]] = []
     finished = 0
+    last_heard = time.monotonic()
     while finished < len(processes):
+        # All ended before this wait: whatever they sent is in the queue's pipe already.
+        ended = all(p.exitcode is not None for p in processes)
         try:
             message = queue.get(timeout=1)
         except queue_module.Empty:
             if any(p.exitcode not in (None, 0) for p in processes):
                 print("error: an order process failed (see its traceback above)", file=sys.stderr)
                 break
+            if ended:
+                print("error: the order processes ended without reporting all their orders",
+                      file=sys.stderr)
+                break
+            if time.monotonic() - last_heard > STALL_S:
+                print(f"error: no order process reported for {STALL_S:g} s; stopping them",
+                      file=sys.stderr)
+                for process in processes:
+                    process.terminate()
+                break
             continue
+        last_heard = time.monotonic()
         if isinstance(message, int):
             bar.advance(message)
         elif isinstance(message, tuple):
