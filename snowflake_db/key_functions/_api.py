@@ -216,10 +216,13 @@ def _mariadb_only(conn: Connection, what: str) -> None:
 
 #: The server's identity for a label: PostgreSQL's system identifier (made by initdb, kept by
 #: physical copies of the cluster), MariaDB's server_uid (derived from the host's hardware
-#: address, data directory and port).
+#: address, data directory and port; before 10.6.19, which added it, those three themselves).
 _SERVER_IDENTITY_SQL = {
     "postgresql": "SELECT system_identifier::text FROM pg_control_system()",
-    "mariadb": "SELECT @@server_uid",
+    "mariadb": (
+        "SELECT COALESCE((SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_VARIABLES "
+        "WHERE VARIABLE_NAME = 'SERVER_UID'), CONCAT(@@hostname, ':', @@port, ':', @@datadir))"
+    ),
 }
 
 
