@@ -20,8 +20,10 @@ a handled signal waits for them instead of cutting their release short.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 
@@ -38,6 +40,14 @@ _release_hooks: list[Callable[[], None]] = []
 _previous: dict[int, _Handler] = {}
 #: Signals handled without install_signal_handlers() (pool children's SIGTERM).
 _automatic: set[int] = set()
+#: How long a pool child's SIGTERM may wait for its main thread to start the handler before
+#: the watchdog ends the process (the main thread runs it within milliseconds unless it is stuck
+#: in C code that no signal interrupts).
+STUCK_HANDLER_GRACE_SECONDS = 5.0
+#: Whether a handled signal's handler has started in this process (the watchdog's question).
+_handler_started = False
+#: The SIGTERM watchdog's pipe in this process, ``(read_fd, write_fd)``: the wakeup fd.
+_watchdog_pipe: tuple[int, int] | None = None
 #: While above 0 the main thread is running the exit hooks; signals that arrive meanwhile.
 _exiting_depth = 0
 _deferred: list[int] = []
@@ -95,6 +105,74 @@ def release_on_sigterm_in_pool_child() -> None:
     _previous[signal.SIGTERM] = signal.SIG_DFL
     _automatic.add(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _release_then_chain)
+    _watch_for_a_stuck_main_thread()
+
+
+def _watch_for_a_stuck_main_thread() -> None:
+    """Keep SIGTERM's default promise in a pool child: the process ends.
+
+    Python runs the handler that replaced the default action in the main thread, when that
+    thread next runs Python code. One stuck in C code that no signal interrupts (a mutex
+    inherited locked across the fork, a C library's call that retries on ``EINTR``) never does,
+    and ``Pool.terminate()`` then waits for the child for ever, where the default action would
+    have ended it at once. The signal's C-level handler writes its number to the wakeup fd at
+    once, whatever the main thread does; a watchdog thread reading it gives the handler
+    :data:`STUCK_HANDLER_GRACE_SECONDS` to start, then releases (bounded, as the handler
+    would) and ends the process with SIGKILL. Not armed where a wakeup fd is set already (an
+    asyncio loop's) or no thread may start."""
+    global _watchdog_pipe  # noqa: PLW0603
+    if _watchdog_pipe is not None or not forks.threads_allowed():
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    if previous != -1:  # someone else's: theirs to keep
+        signal.set_wakeup_fd(previous)
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+    _watchdog_pipe = (read_fd, write_fd)
+    threading.Thread(target=_watchdog, args=(read_fd,), name="snowflake_db-sigterm-watchdog",
+                     daemon=True).start()
+
+
+def _watchdog(read_fd: int) -> None:
+    keep_signals_off_this_thread()
+    while True:
+        try:
+            arrived = os.read(read_fd, 64)
+        except OSError:  # closed by a fork's reset
+            return
+        if not arrived:
+            return
+        if signal.SIGTERM not in arrived:
+            continue
+        deadline = time.monotonic() + STUCK_HANDLER_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            if _handler_started:  # it ends the process (its chain is SIGTERM's default)
+                return
+            time.sleep(0.02)
+        _run_release_hooks(RELEASE_WAIT_SECONDS)  # what the handler could not start
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _forget_the_watchdog(_parent_pid: int) -> None:
+    """A forked child has no watchdog thread: its signals must not fill the parent's pipe (the
+    wakeup fd is inherited). From the main thread (the fork hook's) the fd is unset and the
+    pipe closed; elsewhere the pipe stays open, so that the fd never names another file."""
+    global _watchdog_pipe, _handler_started  # noqa: PLW0603
+    _handler_started = False
+    if _watchdog_pipe is None or threading.current_thread() is not threading.main_thread():
+        return
+    current = signal.set_wakeup_fd(-1)
+    if current != _watchdog_pipe[1]:
+        signal.set_wakeup_fd(current)  # not ours any more: put it back
+    for fd in _watchdog_pipe:
+        os.close(fd)
+    _watchdog_pipe = None
+
+
+forks.on_fork(_forget_the_watchdog)
 
 
 @contextlib.contextmanager
@@ -117,6 +195,8 @@ def signals_deferred() -> Iterator[None]:
 
 
 def _release_then_chain(signum: int, frame: FrameType | None) -> None:
+    global _handler_started  # noqa: PLW0603
+    _handler_started = True
     if _exiting_depth:
         _deferred.append(signum)
         return

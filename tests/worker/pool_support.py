@@ -4,6 +4,7 @@ imports), so forkserver and spawn children import little before their first task
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing
 import os
 import signal
@@ -64,6 +65,20 @@ def lease_then_wait(marker_dir: str) -> None:
     with open(os.path.join(marker_dir, str(os.getpid())), "w"):
         pass
     time.sleep(120)
+
+
+def lease_then_stick_in_c(marker_dir: str) -> None:
+    """Lease, say so with a file named after this process, then wait in C code that no signal
+    interrupts (a mutex locked twice: a child that inherited a locked mutex waits so): the
+    main thread never runs Python code again, so no Python-level signal handler runs."""
+    snowflake_db.snowflake_default()
+    libc = ctypes.CDLL(None)
+    mutex = ctypes.create_string_buffer(64)  # pthread_mutex_t is 40 bytes on x86-64 Linux
+    libc.pthread_mutex_init(mutex, None)
+    libc.pthread_mutex_lock(mutex)
+    with open(os.path.join(marker_dir, str(os.getpid())), "w"):
+        pass
+    libc.pthread_mutex_lock(mutex)
 
 
 def lease_then_install_handlers(task: int) -> int | None:

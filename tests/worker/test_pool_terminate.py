@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +18,7 @@ import billiard
 import pytest
 
 import snowflake_db
-from snowflake_db.shutdown import RELEASE_WAIT_SECONDS
+from snowflake_db.shutdown import RELEASE_WAIT_SECONDS, STUCK_HANDLER_GRACE_SECONDS
 
 from ..plugins.databases import ScratchDatabase
 from ..plugins.scheduler_delay import SchedulerDelay
@@ -26,6 +28,7 @@ from .pool_support import (
     configured_parent,
     issue_ids,
     lease_then_install_handlers,
+    lease_then_stick_in_c,
     lease_then_wait,
     own_sigterm_handler,
     pool_context,
@@ -123,6 +126,42 @@ def test_recycled_children_ended_halfway_through_their_exit_still_release(
             assert all(state == "free" for state in slots.values()), slots
     finally:
         parent.close()
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
+def test_a_child_stuck_in_c_code_still_ends_and_releases_its_slot(
+    backend: str, database_factory: Callable[[str], ScratchDatabase], markers: Path,
+    scheduler_delay: SchedulerDelay,
+) -> None:
+    """SIGTERM's default action would end a child whose main thread waits in C for ever; the
+    handler that replaced it runs only when that thread runs Python code again. The watchdog
+    ends it after the grace and the release: without it ``Pool.terminate()`` never returned."""
+    url = database_factory(backend).url_string
+    parent = _Parent(url)
+    try:
+        pool = pool_context("fork").Pool(1)
+        pool.map_async(lease_then_stick_in_c, [str(markers)], chunksize=1)
+        assert wait_for(lambda: len(os.listdir(markers)) == 1, 60)
+        (child,) = (int(name) for name in os.listdir(markers))
+        terminating = threading.Thread(target=pool.terminate, daemon=True)
+        started = time.monotonic()
+        terminating.start()
+        bound = STUCK_HANDLER_GRACE_SECONDS + RELEASE_WAIT_SECONDS + 5
+        ended = scheduler_delay.wait_for(lambda timeout: _joined(terminating, timeout), bound)
+        took = time.monotonic() - started
+        if not ended:
+            os.kill(child, signal.SIGKILL)  # the test's own cleanup of a child that never ended
+        slots = _child_slots(url, parent.worker_id)
+    finally:
+        parent.close()
+    assert ended, f"Pool.terminate() still waited for the stuck child after {took:.0f} s"
+    assert took >= STUCK_HANDLER_GRACE_SECONDS  # the handler had its chance first
+    assert slots and all(state == "free" for state in slots.values()), slots
+
+
+def _joined(thread: threading.Thread, timeout: float) -> bool:
+    thread.join(timeout)
+    return not thread.is_alive()
 
 
 def test_billiard_pool_terminate_releases_its_childrens_slots(
