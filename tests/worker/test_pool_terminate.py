@@ -20,6 +20,7 @@ import pytest
 import snowflake_db
 from snowflake_db.shutdown import RELEASE_WAIT_SECONDS, STUCK_HANDLER_GRACE_SECONDS
 
+from ..plugins.core_support import run_in_fork
 from ..plugins.databases import ScratchDatabase
 from ..plugins.scheduler_delay import SchedulerDelay
 from ..plugins.worker_support import read_slots, wait_for
@@ -216,3 +217,21 @@ def test_install_signal_handlers_in_a_pool_child_keeps_one_release(
         parent.close()
     assert None not in workers
     assert slots and all(state == "free" for state in slots.values()), slots
+
+
+def _armed_then_fork() -> dict[str, int]:
+    """In a (forked) child with SIGTERM at its default: arm the pool child's handling, then
+    fork: the grandchild must not keep writing its signals into this process's pipe."""
+    from snowflake_db import shutdown
+
+    shutdown.release_on_sigterm_in_pool_child()
+    armed = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(armed)
+    in_grandchild = run_in_fork(lambda: signal.set_wakeup_fd(-1))["result"]
+    return {"armed": armed, "in_grandchild": in_grandchild}
+
+
+def test_the_watchdogs_wakeup_fd_is_not_inherited_by_a_fork() -> None:
+    report = run_in_fork(_armed_then_fork)["result"]
+    assert report["armed"] != -1  # the watchdog's pipe is the wakeup fd
+    assert report["in_grandchild"] == -1  # unset in the fork
