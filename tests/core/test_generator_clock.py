@@ -38,7 +38,13 @@ from snowflake_db import (
     wall_clock,
 )
 from snowflake_db.testing import DEFAULT_FAKE_START_MS, FakeClock
-from tests.plugins.core_support import FakeAllocator, boundary_ints, layouts
+from tests.plugins.core_support import (
+    CountedClock,
+    FakeAllocator,
+    after_next_read,
+    boundary_ints,
+    layouts,
+)
 from tests.plugins.scheduler_delay import SchedulerDelay
 
 T0 = DEFAULT_FAKE_START_MS
@@ -291,11 +297,11 @@ def test_rollback_within_tolerance_then_stall_while_exhausted() -> None:
 def test_clock_moves_back_further_while_waiting_for_the_next_tick(
     scheduler_delay: SchedulerDelay,
 ) -> None:
-    clock = FakeClock(T0)
+    clock = CountedClock(T0)
     generator = SnowflakeGenerator(1, clock=clock, max_wait_ms=5000)
     issued = exhaust_tick(generator)
     clock.advance(-100)  # within tolerance: the generator waits for tick T0 + 1
-    timer = later(0.05, lambda: clock.set(T0 - 5000))
+    timer = after_next_read(clock, 0.05, lambda: clock.set(T0 - 5000))  # while it waits
     started = time.monotonic()
     with pytest.raises(ClockMovedBackwardsError) as caught:
         generator.next_id()

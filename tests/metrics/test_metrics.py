@@ -29,7 +29,7 @@ from snowflake_db import (
 )
 from snowflake_db.metrics import FIGURES, MetricsSnapshot
 from snowflake_db.testing import FakeClock, deterministic_ids
-from tests.plugins.core_support import FakeAllocator, run_in_fork
+from tests.plugins.core_support import CountedClock, FakeAllocator, after_next_read, run_in_fork
 from tests.plugins.scheduler_delay import SchedulerDelay
 
 T0 = 1_704_067_200_000  # 2024-01-01
@@ -103,14 +103,13 @@ def test_the_process_keeps_the_counts_of_collected_generators() -> None:
 
 
 def test_clock_waits_when_a_tick_is_used_up(scheduler_delay: SchedulerDelay) -> None:
-    clock = FakeClock(T0)
+    clock = CountedClock(T0)
     generator = SnowflakeGenerator(1, layout=SMALL, clock=clock)
     generator.next_ids(4)  # the whole tick
-    timer = threading.Timer(0.2, clock.advance, args=(1,))
     started = time.monotonic()
-    timer.start()
-    generator.next_id()  # waits until the timer moves the clock
-    timer.join()
+    mover = after_next_read(clock, 0.2, lambda: clock.advance(1))
+    generator.next_id()  # waits until the thread moves the clock
+    mover.join()
     ended = time.monotonic()
     figures = generator.metrics()
     assert figures.clock_waits == 1

@@ -8,6 +8,7 @@ import os
 import pickle
 import select
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import pytest
 from hypothesis import strategies as st
 
 from snowflake_db import DEFAULT_EPOCH_MS, Layout
+from snowflake_db.testing import DEFAULT_FAKE_START_MS, FakeClock
 
 # -- layouts -----------------------------------------------------------------------------------
 
@@ -82,6 +84,39 @@ class FakeLease:
 
     def abandon(self) -> None:
         self.abandoned = True
+
+
+class CountedClock(FakeClock):
+    """A :class:`FakeClock` that counts its reads, so that a test can act once the generator
+    has looked at it."""
+
+    def __init__(self, start_ms: int = DEFAULT_FAKE_START_MS) -> None:
+        super().__init__(start_ms)
+        self.reads = 0
+
+    def __call__(self) -> int:
+        self.reads += 1
+        return super().__call__()
+
+
+def after_next_read(
+    clock: CountedClock, delay_s: float, action: Callable[[], None]
+) -> threading.Thread:
+    """Run ``action`` from another thread ``delay_s`` after ``clock``'s next read (the call
+    under test has looked and is waiting): a timer started before that call could fire first on
+    a loaded machine, and the call would then never wait at all. Join the thread after it."""
+    looked = clock.reads
+
+    def act() -> None:
+        deadline = time.monotonic() + 60
+        while clock.reads == looked and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(delay_s)
+        action()
+
+    thread = threading.Thread(target=act, name="after-next-read")
+    thread.start()
+    return thread
 
 
 @dataclass
