@@ -138,8 +138,8 @@ def test_a_slow_database_that_answers_within_the_bound_still_works(
     try:
         with slots_locked(any_db) as unlock:
             timer = threading.Timer(hold, unlock)
+            started = time.monotonic()  # before the timer: a late start would shorten the wait
             timer.start()
-            started = time.monotonic()
             try:
                 generator.ensure_worker()  # waits for the lock, then leases
             finally:
