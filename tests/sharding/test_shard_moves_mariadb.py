@@ -45,6 +45,7 @@ from snowflake_db.sharding.moves import (
     VerificationMismatchError,
     wait_until,
 )
+from snowflake_db.sharding.moves import _mariadb
 from snowflake_db.sharding.moves._mariadb import FENCE_ERRNO
 
 from ..plugins.shard_moves import (
@@ -416,6 +417,40 @@ def test_fence_reports_its_blocker_then_terminates_it(pair: Pair) -> None:
     backend.cleanup()
     assert backend.leftovers() == Leftovers()
     pair.assert_nothing_left()
+
+
+def test_fence_names_its_blocker_however_short_its_attempts(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watched attempt lasts until a second session has named whom it waits for, not a
+    fixed window: with 1 ms attempts the old 1 s window's failure is certain (on a loaded CI
+    machine the 1 s window itself passed unseen, and ``--terminate-blockers`` then had nobody
+    to end). The watch ends the attempt once it has named the blocker, long before its own
+    bound."""
+    monkeypatch.setattr(_mariadb, "WATCHED_ATTEMPT_S", 0.001)
+    monkeypatch.setattr(_mariadb, "WATCHED_ATTEMPT_MAX_S", 60.0)
+    shard = 5
+    backend = pair.backend(shard=shard, fence_attempts=2, lock_timeout_ms=1)
+    backend.capture()
+    idle = pair.connect("source", autocommit=False)
+    try:
+        with idle.cursor() as cursor:
+            cursor.execute("INSERT INTO orders (id, customer_id, total_cents) VALUES (%s, 1, 1)",
+                           ((8888 << 4) | shard,))
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(FenceBlockedError) as blocked:
+                backend.fence()
+            assert [b.pid for b in blocked.value.blockers] == [idle.thread_id()]
+            assert time.monotonic() - started < 60.0  # ended by the watch, not by its bound
+        fenced = backend.fence(terminate_blockers=True)
+        assert fenced.terminated == (idle.thread_id(),)
+    finally:
+        with suppress(pymysql.MySQLError):
+            idle.close()
+    backend.unfence()
+    backend.cleanup()
+    assert backend.leftovers() == Leftovers()
 
 
 def test_open_transactions_hold_up_neither_the_apply_nor_the_deletes(pair: Pair) -> None:

@@ -38,7 +38,7 @@ from ...errors import (
     ShardMoveError,
 )
 from ...layout import Layout
-from ._connections import MariaDBConnector, MariaDBEndpoint
+from ._connections import CONNECT_TIMEOUT_S, MariaDBConnector, MariaDBEndpoint
 from ._results import (
     Blocker,
     CleanupReport,
@@ -68,9 +68,9 @@ FENCE_ERRNO = 1644
 #: deletes of the shard's rows, and the copy onto a target an earlier move fenced). The fence
 #: guards against stale routing, not against a session that means to bypass it.
 FENCE_BYPASS_VARIABLE = "@sfdb_fence_bypass"
-#: Seconds the fence's last attempt lasts at least, while a second session names the
-#: transactions it waits for.
-WATCHED_ATTEMPT_S = 1.0
+#: Seconds the fence's last attempt lasts at least, and at most while a second session has
+#: not yet named the transactions it waits for (a busy server can take seconds to show them).
+WATCHED_ATTEMPT_S, WATCHED_ATTEMPT_MAX_S = 1.0, 10.0
 #: How often the fence's watcher reads InnoDB's lock views: InnoDB refreshes the cache behind
 #: ``INNODB_TRX`` and ``INNODB_LOCK_WAITS`` only when nobody read it for 100 ms, so faster
 #: polling reads one stale picture forever (measured; MySQL bug #48883).
@@ -93,6 +93,8 @@ _EVENT_NAMES = {"i": "INSERT", "u": "UPDATE", "d": "DELETE"}
 #: What a bounded attempt's failure looks like: max_statement_time exceeded, lock wait timeout,
 #: deadlock (InnoDB chose the fencer as the victim).
 _GAVE_UP = frozenset({1969, 1205, 1213})
+#: ``ER_QUERY_INTERRUPTED``: the fence's watched attempt ended by its watch.
+_INTERRUPTED = 1317
 #: ``ER_NO_SUCH_TABLE``: the copy's reads of the move's own tables find a missing one so, rather
 #: than by a catalogue query first (each :meth:`MariaDBMoveBackend.advance` made three).
 _NO_SUCH_TABLE = 1146
@@ -1107,11 +1109,11 @@ END"""
         written the shard and not ended, while writes of the shard that arrive meanwhile queue
         behind it; other shards never touch the row. Once it commits, every change of the
         shard is in the changelog and every later write of the shard is refused. When the
-        budget is spent (its last attempt lasting at least :data:`WATCHED_ATTEMPT_S`), the
-        transactions holding the row are reported (:class:`FenceBlockedError`), or with
-        ``terminate_blockers`` their sessions are killed (their transactions roll back: nothing
-        acknowledged is lost) and the budget tried once more. The position is the changelog's
-        highest sequence number at the fence.
+        budget is spent (its last attempt lasting at least :data:`WATCHED_ATTEMPT_S`, and
+        until they are seen), the transactions holding the row are reported
+        (:class:`FenceBlockedError`), or with ``terminate_blockers`` their sessions are killed
+        (their transactions roll back: nothing acknowledged is lost) and the budget tried once
+        more. The position is the changelog's highest sequence number at the fence.
         """
         with self._source.session() as s:
             self._resolve(s, "source")
@@ -1156,71 +1158,32 @@ END"""
         return f"changelog:{int(_one(s, f'SELECT COALESCE(MAX(seq), 0) FROM {self._changelog()}'))}"
 
     def _fence_attempts(self, s: Any) -> tuple[bool, int, tuple[Blocker, ...]]:
-        """Up to ``fence_attempts`` bounded updates of the fence row. The last one lasts at
-        least :data:`WATCHED_ATTEMPT_S` while a second session names the transactions it
-        waits for (a 100 ms window is too short to be seen reliably on a busy server)."""
-        blockers: list[Blocker] = []
-        for attempt in range(1, self.fence_attempts + 1):
-            last = attempt == self.fence_attempts
-            bound = max(self.lock_timeout_ms / 1000, WATCHED_ATTEMPT_S if last else 0)
-            statement = (f"SET STATEMENT max_statement_time = {bound:.3f} FOR UPDATE "
-                         f"{self._fence_table()} SET fenced = 1 WHERE move_id = %s")
-            ended = threading.Event()
-            watcher = self._watch(int(s.thread_id()), blockers, ended) if last else None
-            try:
-                _run(s, statement, (self.move_id,))
+        """Up to ``fence_attempts`` bounded updates of the fence row, the last one watched
+        (:class:`_FenceWatch`): it lasts at least :data:`WATCHED_ATTEMPT_S` and until a second
+        session has named the transactions it waits for. A fixed window was not enough: 100 ms
+        is too short to be seen on a busy server, and on a loaded one so was a second (the
+        report named nobody, and ``terminate_blockers`` had nobody to end)."""
+        for attempt in range(1, self.fence_attempts):
+            if self._fence_attempt(s, self.lock_timeout_ms / 1000):
                 return True, attempt, ()
-            except pymysql.MySQLError as error:
-                if _errno(error) not in _GAVE_UP:
-                    raise
-            finally:
-                ended.set()
-                if watcher is not None:
-                    watcher.join(10)
-            if not last:
-                time.sleep(self.retry_pause_s)  # the writes queued behind the attempt go on
-        return False, self.fence_attempts, tuple(blockers)
+            time.sleep(self.retry_pause_s)  # the writes queued behind the attempt go on
+        least_s = max(self.lock_timeout_ms / 1000, WATCHED_ATTEMPT_S)
+        with _FenceWatch(self._source, waiter=int(s.thread_id()), least_s=least_s,
+                         table=f"{self._home('source')}.{self.fence_table_name}") as watch:
+            taken = self._fence_attempt(s, watch.bound_s, ended_by_watch=True)
+        return taken, self.fence_attempts, () if taken else watch.blockers
 
-    def _watch(self, waiter: int, found: list[Blocker], ended: threading.Event
-               ) -> threading.Thread:
-        """A thread that, on its own session, records the transactions the session ``waiter``
-        waits for, until it has seen them or ``ended`` is set."""
+    def _fence_attempt(self, s: Any, bound_s: float, *, ended_by_watch: bool = False) -> bool:
+        """One update of the fence row, given up after ``bound_s`` (or when the watch ends
+        it): whether it was made."""
         try:
-            conn = self._source.extra()
-        except ShardMoveError:
-            conn = None
-        fence_table = f"{self._home('source')}.{self.fence_table_name}"
-
-        def watch() -> None:
-            if conn is None:
-                return
-            try:
-                while not found and not ended.is_set():
-                    for r in _rows(conn, """SELECT DISTINCT b.trx_mysql_thread_id,
-                            COALESCE(p.COMMAND, b.trx_state),
-                            TIMESTAMPDIFF(MICROSECOND, b.trx_started, NOW(6)) / 1e6,
-                            COALESCE(CONCAT(p.USER, '@', p.HOST), '')
-                        FROM information_schema.INNODB_LOCK_WAITS w
-                        JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id
-                        JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id
-                        LEFT JOIN information_schema.PROCESSLIST p
-                            ON p.ID = b.trx_mysql_thread_id
-                        WHERE r.trx_mysql_thread_id = %s
-                        ORDER BY b.trx_mysql_thread_id""", (waiter,)):
-                        found.append(Blocker(pid=int(r[0]), state=str(r[1]),
-                                             xact_age_s=float(r[2]), application_name=str(r[3]),
-                                             table=fence_table))
-                    ended.wait(_LOCK_VIEW_POLL_S)
-            except pymysql.MySQLError:
-                pass  # the report names fewer blockers; the fence's outcome is unchanged
-            finally:
-                with suppress(Exception):
-                    conn.close()
-
-        thread = threading.Thread(target=watch, name=f"sfdb-fence-watch-{self.move_id}",
-                                  daemon=True)
-        thread.start()
-        return thread
+            _run(s, f"SET STATEMENT max_statement_time = {bound_s:.3f} FOR UPDATE "
+                    f"{self._fence_table()} SET fenced = 1 WHERE move_id = %s", (self.move_id,))
+            return True
+        except pymysql.MySQLError as error:
+            if _errno(error) in _GAVE_UP or (ended_by_watch and _errno(error) == _INTERRUPTED):
+                return False
+            raise
 
     def _open_transactions(self, s: Any) -> tuple[Blocker, ...]:
         """Every open transaction of another session (one may hold a table's metadata lock)."""
@@ -1622,6 +1585,83 @@ def _minus(whole: TableChecksum, part: TableChecksum) -> TableChecksum:
     return TableChecksum(rows=whole.rows - part.rows,
                          hash_sum=str(int(whole.hash_sum) - int(part.hash_sum)),
                          hash_xor=whole.hash_xor ^ part.hash_xor)
+
+
+class _FenceWatch:
+    """A second session beside the fence's watched attempt: it reads whom the attempt's
+    session (``waiter``) waits for, and once it has named them and the attempt has lasted
+    ``least_s``, ends the attempt (``KILL QUERY ID``: that statement only, never the session's
+    next one). When the lock views cannot be read (no session, no ``PROCESS`` privilege) the
+    attempt is bounded by ``least_s`` alone."""
+
+    def __init__(self, endpoint: Any, *, waiter: int, least_s: float, table: str) -> None:
+        self._endpoint, self._waiter, self._least_s, self._table = endpoint, waiter, least_s, table
+        self.blockers: tuple[Blocker, ...] = ()
+        self._readable = False
+        self._ready, self._begun, self._ended = (threading.Event(), threading.Event(),
+                                                 threading.Event())
+        self._started = 0.0
+        self._thread = threading.Thread(target=self._watch, daemon=True,
+                                        name=f"sfdb-fence-watch-{waiter}")
+
+    def __enter__(self) -> _FenceWatch:
+        self._thread.start()
+        self._ready.wait(CONNECT_TIMEOUT_S + WATCHED_ATTEMPT_MAX_S)
+        self._started = time.monotonic()
+        self._begun.set()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._ended.set()
+        self._thread.join(WATCHED_ATTEMPT_MAX_S)
+
+    @property
+    def bound_s(self) -> float:
+        """The attempt's own bound: long while the watch can end it, else ``least_s``."""
+        return max(self._least_s, WATCHED_ATTEMPT_MAX_S if self._readable else 0)
+
+    def _watch(self) -> None:
+        try:
+            conn = self._endpoint.extra()
+        except ShardMoveError:
+            self._ready.set()
+            return
+        try:
+            self._look(conn)  # proves the views readable before the attempt relies on it
+            self._readable = True
+            self._ready.set()
+            self._begun.wait()
+            while not self._ended.wait(_LOCK_VIEW_POLL_S):
+                blockers, query_id = self._look(conn)
+                if blockers:
+                    self.blockers = blockers
+                    if query_id is not None and (
+                            time.monotonic() - self._started >= self._least_s):
+                        with suppress(pymysql.MySQLError):  # the attempt ended meanwhile
+                            _run(conn, f"KILL QUERY ID {int(query_id)}")
+                        return
+        except pymysql.MySQLError:
+            pass  # the report names fewer blockers; the attempt ends at its own bound
+        finally:
+            self._ready.set()
+            with suppress(Exception):
+                conn.close()
+
+    def _look(self, conn: Any) -> tuple[tuple[Blocker, ...], int | None]:
+        rows = _rows(conn, """SELECT DISTINCT b.trx_mysql_thread_id,
+                COALESCE(p.COMMAND, b.trx_state),
+                TIMESTAMPDIFF(MICROSECOND, b.trx_started, NOW(6)) / 1e6,
+                COALESCE(CONCAT(p.USER, '@', p.HOST), ''), q.QUERY_ID
+            FROM information_schema.INNODB_LOCK_WAITS w
+            JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id
+            JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id
+            LEFT JOIN information_schema.PROCESSLIST p ON p.ID = b.trx_mysql_thread_id
+            LEFT JOIN information_schema.PROCESSLIST q ON q.ID = r.trx_mysql_thread_id
+            WHERE r.trx_mysql_thread_id = %s
+            ORDER BY b.trx_mysql_thread_id""", (self._waiter,))
+        blockers = tuple(Blocker(pid=int(r[0]), state=str(r[1]), xact_age_s=float(r[2]),
+                                 application_name=str(r[3]), table=self._table) for r in rows)
+        return blockers, next((int(r[4]) for r in rows if r[4] is not None), None)
 
 
 def _describe(blockers: Sequence[Blocker]) -> str:
