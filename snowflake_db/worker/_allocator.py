@@ -408,6 +408,7 @@ class TableWorkerAllocator:
         """This allocator's part of the child's one after-fork reset (:mod:`snowflake_db.forks`):
         fresh lock, the parent's pooled connections left open for it, its leases forgotten."""
         self._lock = threading.Lock()
+        _process_hooks.keep_parent_sqlite_connections(self._engine)
         self._engine.dispose(close=False)
         self._renewer.after_fork_in_child(parent_pid)
 

@@ -43,6 +43,15 @@ So every SQLite engine of an allocator counts itself in while it connects or has
 checked out (:func:`gate_engine`), and a fork waits, for at most :data:`FORK_WAIT_S`, until no
 such call is under way; new calls wait until the fork is done. PostgreSQL and MariaDB engines
 are not gated: their drivers hold no process-wide lock across a call.
+
+The gate cannot cover every fork: a fork that skips Python's hooks (uWSGI without
+``py-call-uwsgi-fork-hooks``), one that waited :data:`FORK_WAIT_S` in vain, or one that lands in
+SQLite calls the gate does not count (the pool's ping before a checkout, the close of a
+connection given back). So a forked child's first SQLite connect runs in a thread of its own,
+given :data:`FORK_CONNECT_WAIT_S`; if it is still waiting then, a lock was copied held, and
+every allocator call on SQLite in that process fails with
+:class:`~snowflake_db.errors.AllocatorUnavailableError` saying so, rather than hanging for good
+(seen once in 16 raw forks beside a busy heartbeat, under load).
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ from typing import Any
 from sqlalchemy import Engine, event
 
 from .. import forks
+from ..errors import AllocatorUnavailableError
 from ..shutdown import (
     add_release_hook,
     release_on_sigterm_in_pool_child,
@@ -162,10 +172,26 @@ class _ReleaseAfter:
 #: The longest a fork waits for SQLite calls of other threads to finish (then it forks anyway,
 #: as it would without the gate).
 FORK_WAIT_S = 5.0
+#: The longest a forked child's first SQLite connect may take before the child decides that
+#: the fork copied one of SQLite's process-wide locks held (a local connect takes milliseconds).
+FORK_CONNECT_WAIT_S = 10.0
 
 _condition = threading.Condition()
 _calls = 0  # SQLite connects and checked-out connections under way in this process
 _forking = False
+_first_connect_watched = False  # a forked child's first connect, until one has succeeded
+_sqlite_wedged: str | None = None  # why SQLite cannot be used in this process
+_kept_from_the_parent: list[Any] = []  # the parent's SQLite pools, never closed in a child
+
+
+def keep_parent_sqlite_connections(engine: Engine) -> None:
+    """In a forked child, before ``engine.dispose(close=False)``: keep the parent's pool of a
+    SQLite engine referenced for good, so the garbage collector never closes its connections
+    here. A close takes SQLite's locks, and one a thread of the parent held at the fork is
+    never released (a child hung so in the collector, after its own connect had been told);
+    SQLite's advice is to leave a connection carried across a fork alone."""
+    if engine.dialect.name == "sqlite":
+        _kept_from_the_parent.append(engine.pool)
 
 
 def gate_engine(engine: Engine) -> None:
@@ -175,6 +201,8 @@ def gate_engine(engine: Engine) -> None:
     def _connect(dialect: Any, record: Any, cargs: Any, cparams: Any) -> Any:
         _sqlite_enter()
         try:
+            if _first_connect_watched or _sqlite_wedged:
+                return _watched_connect(dialect, cargs, cparams)
             return dialect.connect(*cargs, **cparams)
         finally:
             _sqlite_leave()
@@ -186,6 +214,43 @@ def gate_engine(engine: Engine) -> None:
     @event.listens_for(engine, "checkin")
     def _checkin(dbapi_connection: Any, record: Any) -> None:
         _sqlite_leave()
+
+
+def _watched_connect(dialect: Any, cargs: Any, cparams: Any) -> Any:
+    """A forked child's first connect, in a thread given :data:`FORK_CONNECT_WAIT_S`: still
+    waiting then, it waits on a lock of SQLite's that a thread of the parent held at the fork,
+    for good; the process is marked so and the caller told. Connected directly where no thread
+    may start, or where the connection must stay in its thread (``check_same_thread``)."""
+    global _first_connect_watched, _sqlite_wedged  # noqa: PLW0603
+    if _sqlite_wedged:
+        raise AllocatorUnavailableError(_sqlite_wedged)
+    if cparams.get("check_same_thread", True) or not forks.threads_allowed():
+        return dialect.connect(*cargs, **cparams)
+    outcome: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            outcome["connection"] = dialect.connect(*cargs, **cparams)
+        except BaseException as error:  # handed to the caller's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=connect, name="sfdb-sqlite-first-connect", daemon=True)
+    thread.start()
+    thread.join(FORK_CONNECT_WAIT_S)
+    if thread.is_alive():
+        _sqlite_wedged = (
+            f"pid {os.getpid()}: SQLite's first connect in this forked process did not finish "
+            f"in {FORK_CONNECT_WAIT_S:g} s: the fork copied a process-wide SQLite lock held by "
+            "a thread of the parent (a fork that skipped Python's fork hooks, or landed in a "
+            "SQLite call), and no SQLite call can take it in this process; fork before "
+            "the parent's first lease, fork with os.fork(), or keep the worker table on "
+            "PostgreSQL or MariaDB"
+        )
+        raise AllocatorUnavailableError(_sqlite_wedged)
+    _first_connect_watched = False
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["connection"]
 
 
 def _sqlite_enter() -> None:
@@ -219,10 +284,11 @@ def _sqlite_after_fork_in_parent() -> None:
 def _sqlite_after_fork_in_child(parent_pid: int) -> None:
     """The child has only the forking thread: nothing is under way, and the condition's lock
     is a copy another thread may have held."""
-    global _condition, _calls, _forking  # noqa: PLW0603
+    global _condition, _calls, _forking, _first_connect_watched  # noqa: PLW0603
     _condition = threading.Condition()
     _calls = 0
     _forking = False
+    _first_connect_watched = True
 
 
 os.register_at_fork(before=_sqlite_before_fork, after_in_parent=_sqlite_after_fork_in_parent)

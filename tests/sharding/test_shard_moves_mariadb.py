@@ -43,9 +43,9 @@ from snowflake_db.sharding.moves import (
     Leftovers,
     MovedTable,
     VerificationMismatchError,
+    _mariadb,
     wait_until,
 )
-from snowflake_db.sharding.moves import _mariadb
 from snowflake_db.sharding.moves._mariadb import FENCE_ERRNO
 
 from ..plugins.shard_moves import (
