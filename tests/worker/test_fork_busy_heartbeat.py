@@ -82,9 +82,15 @@ def test_raw_forks_beside_a_busy_heartbeat_never_hang(
         # error within the busy timeout, never a hang (https://www.sqlite.org/howtocorrupt.html).
         # Only such children may fail: how many depends on how long the parent's renewals
         # take, a fifth of the time or more beside a second suite (5 of 16 children once).
+        # A child that copied one of SQLite's process-wide locks held (mid-call, or in the
+        # pool's ping or close, which the gate does not count) is told so after
+        # FORK_CONNECT_WAIT_S: it hung in its first connect before (once, under load).
         failed = [report for report in reports if "error" in report]
-        assert all("database is locked" in report["error"] for report in failed), errors[0]
-        assert all(report["forked_mid_sqlite_call"] for report in failed), failed
+        locked = [report for report in failed if "database is locked" in report["error"]]
+        wedged = [report for report in failed
+                  if "copied a process-wide SQLite lock" in report["error"]]
+        assert len(locked) + len(wedged) == len(failed), errors[0]
+        assert all(report["forked_mid_sqlite_call"] for report in locked), locked
         reports = [report for report in reports if "error" not in report]
         assert len(reports) >= CHILDREN // 4, outcomes  # enough forked between renewals
     assert not errors or any_db.backend == "sqlite", errors[0]
