@@ -28,6 +28,7 @@ import pytest
 from example_project import local_servers
 from snowflake_db.sharding import ShardRouter
 
+from ..plugins.core_support import has_ended
 from ..plugins.databases import unavailable
 from ..plugins.scheduler_delay import SchedulerDelay, run_patiently
 
@@ -58,15 +59,6 @@ def run_demo(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[st
     env["PYTHONPATH"] = str(REPO)
     return run_patiently([sys.executable, "-m", "example_project.sqlalchemy_shop", *args],
                          timeout, cwd=REPO, env=env)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rpartition(")")[2].split()[0] == "Z"
 
 
 def _assert_passed(out: str, engine: str, orders: int, shards: int) -> dict[str, int]:
@@ -101,7 +93,7 @@ def test_shop_on_throwaway_servers_it_starts_and_stops(engine: str) -> None:
     _assert_passed(out, engine, 300, 3)
     [pids] = re.findall(r"^started 4 throwaway .* servers, pids ([\d, ]+);", out, re.MULTILINE)
     assert "stopped the 4 throwaway servers" in out
-    assert all(_gone(int(pid)) for pid in pids.split(", "))  # stopped by the demo
+    assert all(has_ended(int(pid)) for pid in pids.split(", "))  # stopped by the demo
     assert result.stderr == ""  # no progress frames (no terminal), no release warnings
 
 
@@ -160,7 +152,7 @@ def test_sigterm_stops_the_throwaway_servers(tmp_path: Path) -> None:
     assert demo.returncode == 128 + signal.SIGTERM, out
     [pids] = re.findall(r"^started 3 throwaway .* servers, pids ([\d, ]+);", out, re.MULTILINE)
     assert "stopped the 3 throwaway servers" in out
-    assert all(_gone(int(pid)) for pid in pids.split(", "))
+    assert all(has_ended(int(pid)) for pid in pids.split(", "))
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ start whose port was taken anyway (another throwaway server chose it) moves to a
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -12,7 +12,7 @@ import pytest
 
 from example_project import local_servers
 
-from ..plugins.databases import unavailable
+from ..plugins.databases import throwaway_server
 
 
 def test_free_ports_are_below_the_range_of_outgoing_connections() -> None:
@@ -32,19 +32,9 @@ def _taken(port: int) -> Iterator[None]:
         yield
 
 
-def _server(kind: str) -> Any:
-    problem = (local_servers.postgres_unavailable() if kind == "postgresql"
-               else local_servers.mariadb_unavailable())
-    if problem:
-        unavailable(problem)
-    make: Callable[[], Any] = (local_servers.ThrowawayPostgres if kind == "postgresql"
-                               else local_servers.ThrowawayMariaDB)
-    return make()
-
-
 @pytest.mark.parametrize("kind", ["postgresql", "mariadb"])
 def test_a_first_start_whose_port_was_taken_moves_to_another(kind: str) -> None:
-    server = _server(kind)
+    server = throwaway_server(kind)
     try:
         chosen = server.port
         with _taken(chosen):

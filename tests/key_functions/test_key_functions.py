@@ -12,7 +12,6 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 
-from example_project import local_servers
 from snowflake_db import Layout
 from snowflake_db.clock import wall_clock
 from snowflake_db.errors import (
@@ -29,7 +28,7 @@ from snowflake_db.key_functions import (
 )
 from snowflake_db.worker import TableLease, TableWorkerAllocator
 
-from ..plugins.databases import ScratchDatabase, drop_database, unavailable
+from ..plugins.databases import ScratchDatabase, drop_database, throwaway_server
 from .support import (
     install,
     keyed_table,
@@ -448,12 +447,7 @@ def test_a_copy_of_a_database_is_given_its_own_slot_before_it_takes_writes(
 
 def _another_server(backend: str) -> Any:
     """A throwaway server of ``backend``, started (its ``close()`` stops and removes it)."""
-    problem = (local_servers.postgres_unavailable() if backend == "postgresql"
-               else local_servers.mariadb_unavailable())
-    if problem:
-        unavailable(problem)
-    server = (local_servers.ThrowawayPostgres() if backend == "postgresql"
-              else local_servers.ThrowawayMariaDB())
+    server = throwaway_server(backend)
     try:
         server.start()
     except BaseException:

@@ -222,6 +222,24 @@ def wait_forked(pid: int, bound_s: float = FORK_TIMEOUT_S) -> int:
     pytest.fail(f"forked child {pid} still ran after {bound_s:g} s (its stacks are above)")
 
 
+def process_stat(pid: int) -> tuple[str, int] | None:
+    """Process ``pid``'s state letter and parent PID (from /proc, after the parenthesised name,
+    which may hold spaces and parentheses), or None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return fields[0], int(fields[1])
+
+
 def is_stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped (SIGSTOP has taken effect, not only been sent)."""
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "T"
+    stat = process_stat(pid)
+    return stat is not None and stat[0] == "T"
+
+
+def has_ended(pid: int) -> bool:
+    """Whether process ``pid`` is gone, or a zombie nobody has reaped yet."""
+    stat = process_stat(pid)
+    return stat is None or stat[0] == "Z"

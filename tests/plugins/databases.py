@@ -52,6 +52,20 @@ def unavailable(reason: str, *, allow_module_level: bool = False) -> NoReturn:
     pytest.skip(reason, allow_module_level=allow_module_level)
 
 
+def throwaway_server(backend: str) -> Any:
+    """A throwaway ``postgresql`` or ``mariadb`` server of :mod:`example_project.local_servers`,
+    not started (its ``close()`` stops and removes it), or :func:`unavailable` saying why."""
+    from example_project import local_servers
+
+    problem = (local_servers.postgres_unavailable() if backend == "postgresql"
+               else local_servers.mariadb_unavailable())
+    if problem:
+        unavailable(problem)
+    if backend == "postgresql":
+        return local_servers.ThrowawayPostgres()
+    return local_servers.ThrowawayMariaDB()
+
+
 #: How long the once-per-process probe waits for a server to accept a connection. A server that
 #: is not there refuses at once; one that is busy (the shared servers beside a second suite, a
 #: lease benchmark and Django's own suite) took more than 3 s, and a 3 s probe then failed every

@@ -34,6 +34,8 @@ from typing import Any
 
 import pytest
 
+from .core_support import process_stat
+
 #: How long the probe sleeps between two looks at the clock.
 PROBE_INTERVAL_S = 0.01
 
@@ -150,13 +152,8 @@ def _descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (from /proc), children before their own children."""
     parents: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:  # it ended meanwhile
-                continue
-            parent = int(stat.rpartition(")")[2].split()[1])
-            parents.setdefault(parent, []).append(int(entry.name))
+        if entry.name.isdigit() and (stat := process_stat(int(entry.name))) is not None:
+            parents.setdefault(stat[1], []).append(int(entry.name))
     found: list[int] = []
     pending = [pid]
     while pending:

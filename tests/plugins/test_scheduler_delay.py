@@ -7,10 +7,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from .core_support import has_ended
 from .scheduler_delay import SchedulerDelay, kill_and_collect
 
 
@@ -80,15 +80,6 @@ def test_run_returns_the_output_and_kills_a_child_past_its_patience() -> None:
         probe.stop()
 
 
-def _ended(pid: int) -> bool:
-    """Gone, or a zombie nobody has reaped yet."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rpartition(")")[2].split()[0] == "Z"
-
-
 def test_a_killed_process_takes_the_children_holding_its_output_with_it() -> None:
     parent = (
         "import subprocess, sys, time\n"
@@ -103,6 +94,6 @@ def test_a_killed_process_takes_the_children_holding_its_output_with_it() -> Non
     kill_and_collect(process)  # the child kept the pipe open: communicate() waited 300 s
     assert process.returncode == -signal.SIGKILL
     deadline = time.monotonic() + 10
-    while not _ended(child) and time.monotonic() < deadline:
+    while not has_ended(child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _ended(child)
+    assert has_ended(child)
