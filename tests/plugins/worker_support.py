@@ -22,6 +22,9 @@ from .databases import ScratchDatabase
 
 #: Short leases keep the tests fast; timing margins stay generous for a busy 2-core machine.
 LEASE_SECONDS = 2.0
+#: A lease that stays live with no renewal for the length of a test whose subject is not
+#: renewal (a 2 s lease needs its heartbeat on time, which a loaded machine does not promise).
+STILL_LIVE_LEASE_S = 60.0
 
 
 def allocator(database: ScratchDatabase, **options: Any) -> TableWorkerAllocator:

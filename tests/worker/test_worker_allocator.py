@@ -25,6 +25,7 @@ from snowflake_db.worker import TableLease, TableWorkerAllocator
 from ..plugins.databases import ScratchDatabase
 from ..plugins.worker_support import (
     LEASE_SECONDS,
+    STILL_LIVE_LEASE_S,
     OffsetClock,
     allocator,
     database_now_ms,
@@ -89,10 +90,6 @@ def test_heartbeat_renews_and_extends_high_water(any_db: ScratchDatabase) -> Non
         assert later.high_water_ms > first.high_water_ms
         assert lease.valid_until > time.monotonic()
         assert not lease.lost
-
-
-#: A lease that no renewal needs to keep live for the length of a test.
-STILL_LIVE_LEASE_S = 60.0
 
 
 def test_wrap_around_and_repeated_keys_never_hand_out_a_live_slot(

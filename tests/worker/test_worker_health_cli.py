@@ -24,6 +24,7 @@ from snowflake_db.worker import DEFAULT_SLOTS_TABLE, worker_tables
 
 from ..plugins.databases import ScratchDatabase
 from ..plugins.worker_support import (
+    STILL_LIVE_LEASE_S,
     allocator,
     database_now_ms,
     expire_lease,
@@ -74,11 +75,6 @@ def _one_line_failure(result: subprocess.CompletedProcess[str], status: int) -> 
 
 
 # -- workers check -------------------------------------------------------------------------------
-
-
-#: The held leases stay live without a renewal while the commands run (a 2 s lease needs its
-#: heartbeat on time, which a loaded machine does not promise; renewals are tested elsewhere).
-STILL_LIVE_LEASE_S = 60.0
 
 
 def test_check_leases_and_releases_leaving_nothing_behind(any_db: ScratchDatabase) -> None:
